@@ -1,0 +1,139 @@
+//! The lock handle and the random token that proves ownership.
+
+use std::fmt;
+use std::time::{Duration, Instant};
+
+use crate::error::Error;
+
+/// Bytes of randomness in a token: 160 bits, as the Redlock spec asks.
+const TOKEN_BYTES: usize = 20;
+
+/// A fresh token: 160 bits from the operating system's CSPRNG, as 40
+/// lowercase hex characters.
+pub(crate) fn new_token() -> Result<String, Error> {
+    use rand::TryRng;
+    let mut bytes = [0u8; TOKEN_BYTES];
+    rand::rngs::SysRng
+        .try_fill_bytes(&mut bytes)
+        .map_err(|e| Error::Entropy(e.to_string()))?;
+    let mut text = String::with_capacity(TOKEN_BYTES * 2);
+    for b in bytes {
+        use fmt::Write;
+        let _ = write!(text, "{b:02x}");
+    }
+    Ok(text)
+}
+
+/// A lock granted by a quorum of nodes.
+///
+/// It is a plain value: holding it renews nothing and dropping it releases
+/// nothing. Release it with [`Redlock::unlock`](crate::Redlock::unlock),
+/// extend it with [`Redlock::extend`](crate::Redlock::extend), or let it
+/// expire. For work that may outlast the ttl, use
+/// [`Redlock::acquire`](crate::Redlock::acquire) instead, which renews in the
+/// background.
+///
+/// Its validity is measured on this process's monotonic clock from the
+/// instant the first request of the round was sent, minus the clock drift
+/// allowance; see [`validity`](Lock::validity).
+#[derive(Clone, PartialEq, Eq)]
+pub struct Lock {
+    pub(crate) resource: String,
+    pub(crate) key: String,
+    pub(crate) token: String,
+    pub(crate) started_at: Instant,
+    pub(crate) expires_at: Instant,
+}
+
+impl Lock {
+    /// The resource name that was locked.
+    pub fn resource(&self) -> &str {
+        &self.resource
+    }
+
+    /// The Redis key that holds the lock: the manager's key prefix followed by
+    /// the resource name.
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// The random value stored in the key, as 40 hex characters. It proves
+    /// ownership: only a holder of this token can release or extend the
+    /// lock. Treat it like a secret.
+    pub fn token(&self) -> &str {
+        &self.token
+    }
+
+    /// The instant the round that granted (or last extended) this lock sent
+    /// its first request.
+    pub fn started_at(&self) -> Instant {
+        self.started_at
+    }
+
+    /// The instant after which the lock must be considered lost:
+    /// start of the round + ttl − drift allowance.
+    pub fn expires_at(&self) -> Instant {
+        self.expires_at
+    }
+
+    /// Time left until [`expires_at`](Lock::expires_at), zero once it has
+    /// passed.
+    pub fn validity(&self) -> Duration {
+        self.expires_at.saturating_duration_since(Instant::now())
+    }
+
+    /// Whether any validity is left.
+    pub fn is_valid(&self) -> bool {
+        Instant::now() < self.expires_at
+    }
+}
+
+impl fmt::Debug for Lock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Only a prefix of the token: a full token in a log line would let
+        // anyone who reads the log release the lock.
+        f.debug_struct("Lock")
+            .field("resource", &self.resource)
+            .field("key", &self.key)
+            .field("token", &format_args!("{}…", &self.token[..8]))
+            .field("validity", &self.validity())
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_are_160_bit_hex_and_fresh() {
+        let mut seen = std::collections::HashSet::new();
+        for _ in 0..1000 {
+            let t = new_token().unwrap();
+            assert_eq!(t.len(), 40);
+            assert!(
+                t.bytes()
+                    .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase())
+            );
+            assert!(seen.insert(t), "token repeated");
+        }
+    }
+
+    #[test]
+    fn debug_redacts_the_token() {
+        let token = new_token().unwrap();
+        let now = Instant::now();
+        let lock = Lock {
+            resource: "r".into(),
+            key: "r".into(),
+            token: token.clone(),
+            started_at: now,
+            expires_at: now,
+        };
+        let shown = format!("{lock:?}");
+        assert!(!shown.contains(&token), "{shown}");
+        assert!(shown.contains(&token[..8]));
+        assert!(!lock.is_valid());
+        assert_eq!(lock.validity(), Duration::ZERO);
+    }
+}

@@ -1,0 +1,483 @@
+//! The `Redlock` manager and its builder.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use redis::{Cmd, IntoConnectionInfo, RedisError};
+
+use crate::error::Error;
+use crate::lock::{Lock, new_token};
+use crate::node::{Node, label};
+use crate::quorum::{self, Refusal, Tally, Ttl, Until, quorum};
+use crate::scripts;
+
+/// Default number of retries after the first attempt.
+pub const DEFAULT_RETRY_COUNT: u32 = 10;
+/// Default pause between attempts.
+pub const DEFAULT_RETRY_DELAY: Duration = Duration::from_millis(200);
+/// Default upper bound of the random jitter added to the pause.
+pub const DEFAULT_RETRY_JITTER: Duration = Duration::from_millis(100);
+/// Default bound on each request to one node.
+pub const DEFAULT_NODE_TIMEOUT: Duration = Duration::from_millis(50);
+/// Default clock drift factor.
+pub const DEFAULT_DRIFT_FACTOR: f64 = 0.01;
+
+/// A distributed lock manager over N independent Redis masters.
+///
+/// Cheap to clone (an `Arc` inside); clones share one long-lived,
+/// multiplexed, reconnecting connection per node, made on first use.
+///
+/// See the [crate documentation](crate) for the algorithm and its limits.
+#[derive(Clone, Debug)]
+pub struct Redlock {
+    pub(crate) inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+pub(crate) struct Inner {
+    pub(crate) nodes: Vec<Node>,
+    pub(crate) config: Config,
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct Config {
+    pub(crate) retry_count: u32,
+    pub(crate) retry_delay: Duration,
+    pub(crate) retry_jitter: Duration,
+    pub(crate) node_timeout: Duration,
+    pub(crate) drift_factor: f64,
+    pub(crate) key_prefix: String,
+}
+
+/// Configures a [`Redlock`]. Made by [`Redlock::builder`].
+#[derive(Debug)]
+#[must_use = "a builder does nothing until `build` is called"]
+pub struct RedlockBuilder {
+    nodes: Vec<Result<redis::ConnectionInfo, RedisError>>,
+    config: Config,
+}
+
+impl RedlockBuilder {
+    /// Retries after the first attempt in [`Redlock::lock`]. Defaults to 10.
+    pub fn retry_count(mut self, retries: u32) -> Self {
+        self.config.retry_count = retries;
+        self
+    }
+
+    /// The pause between attempts. Defaults to 200 ms.
+    pub fn retry_delay(mut self, delay: Duration) -> Self {
+        self.config.retry_delay = delay;
+        self
+    }
+
+    /// The upper bound of a random jitter added to each pause, so that
+    /// clients that failed together do not retry together. Defaults to
+    /// 100 ms.
+    pub fn retry_jitter(mut self, jitter: Duration) -> Self {
+        self.config.retry_jitter = jitter;
+        self
+    }
+
+    /// The bound on each request to one node (connecting included). A node
+    /// that does not answer within it counts as failed for that round. Keep
+    /// it well under the ttls you use. Defaults to 50 ms; must not be zero.
+    pub fn node_timeout(mut self, timeout: Duration) -> Self {
+        self.config.node_timeout = timeout;
+        self
+    }
+
+    /// The clock drift factor: the validity of a lock is reduced by
+    /// `ttl × drift_factor + 2 ms` to allow for nodes whose clocks run
+    /// faster than ours. Defaults to 0.01; must be finite and in `[0, 1)`.
+    pub fn drift_factor(mut self, factor: f64) -> Self {
+        self.config.drift_factor = factor;
+        self
+    }
+
+    /// A prefix put before every resource name to form the Redis key.
+    /// Defaults to none: the key is the resource name, as in the reference
+    /// Redlock clients of other languages, so a mixed fleet excludes each
+    /// other on the same keys.
+    pub fn key_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.config.key_prefix = prefix.into();
+        self
+    }
+
+    /// Validates the configuration and makes the manager. Connects to
+    /// nothing: each node's connection is made on its first use and then
+    /// kept, so nodes that are down now are used once they come up.
+    ///
+    /// # Errors
+    /// [`Error::EmptyNodeList`], [`Error::InvalidNodeAddress`],
+    /// [`Error::DuplicateNode`], or [`Error::InvalidSetting`] naming the
+    /// setting.
+    pub fn build(self) -> Result<Redlock, Error> {
+        let config = self.config;
+        if self.nodes.is_empty() {
+            return Err(Error::EmptyNodeList);
+        }
+        if config.node_timeout.is_zero() {
+            return Err(Error::InvalidSetting {
+                setting: "node_timeout",
+                reason: "must be longer than zero",
+            });
+        }
+        if !config.drift_factor.is_finite() || !(0.0..1.0).contains(&config.drift_factor) {
+            return Err(Error::InvalidSetting {
+                setting: "drift_factor",
+                reason: "must be finite and in [0, 1)",
+            });
+        }
+        let mut nodes: Vec<Node> = Vec::with_capacity(self.nodes.len());
+        for (index, info) in self.nodes.into_iter().enumerate() {
+            let info = info.map_err(|source| Error::InvalidNodeAddress { index, source })?;
+            let name = label(&info);
+            if let Some(first) = nodes.iter().position(|n| n.label() == name) {
+                return Err(Error::DuplicateNode {
+                    index,
+                    first,
+                    node: name,
+                });
+            }
+            let node = Node::new(info, config.node_timeout)
+                .map_err(|source| Error::InvalidNodeAddress { index, source })?;
+            nodes.push(node);
+        }
+        Ok(Redlock {
+            inner: Arc::new(Inner { nodes, config }),
+        })
+    }
+}
+
+impl Redlock {
+    /// A builder over the given nodes, with the defaults documented on each
+    /// setting. Each node is anything redis-rs accepts as an address, such as
+    /// `"redis://127.0.0.1:7001/"` or `"redis://:password@host:6379/0"`.
+    pub fn builder<I>(nodes: I) -> RedlockBuilder
+    where
+        I: IntoIterator,
+        I::Item: IntoConnectionInfo,
+    {
+        RedlockBuilder {
+            nodes: nodes
+                .into_iter()
+                .map(IntoConnectionInfo::into_connection_info)
+                .collect(),
+            config: Config {
+                retry_count: DEFAULT_RETRY_COUNT,
+                retry_delay: DEFAULT_RETRY_DELAY,
+                retry_jitter: DEFAULT_RETRY_JITTER,
+                node_timeout: DEFAULT_NODE_TIMEOUT,
+                drift_factor: DEFAULT_DRIFT_FACTOR,
+                key_prefix: String::new(),
+            },
+        }
+    }
+
+    /// A manager over the given nodes with the default settings; the same
+    /// as `Redlock::builder(nodes).build()`.
+    ///
+    /// # Errors
+    /// As [`RedlockBuilder::build`].
+    pub fn new<I>(nodes: I) -> Result<Self, Error>
+    where
+        I: IntoIterator,
+        I::Item: IntoConnectionInfo,
+    {
+        Self::builder(nodes).build()
+    }
+
+    /// How many nodes the manager locks on.
+    pub fn node_count(&self) -> usize {
+        self.inner.nodes.len()
+    }
+
+    /// How many nodes must agree: `node_count() / 2 + 1`.
+    pub fn quorum(&self) -> usize {
+        quorum(self.inner.nodes.len())
+    }
+
+    /// The nodes' addresses, without credentials, in the order given.
+    pub fn nodes(&self) -> impl Iterator<Item = &str> {
+        self.inner.nodes.iter().map(Node::label)
+    }
+
+    /// Acquires `resource` for `ttl`, retrying up to the configured
+    /// `retry_count` times after the first attempt, with `retry_delay` plus
+    /// random jitter between attempts.
+    ///
+    /// Each attempt sends `SET key token NX PX ttl` to every node at once,
+    /// grants as soon as a quorum agreed, gives up as soon as a quorum is
+    /// impossible, and releases on every node when it fails.
+    ///
+    /// # Errors
+    /// The last attempt's error: [`Error::Conflict`], [`Error::NoQuorum`] or
+    /// [`Error::ValidityExpired`]; [`Error::Redis`] at once (retrying cannot
+    /// help a key of the wrong type or a read-only node); the argument errors
+    /// [`Error::EmptyResource`], [`Error::ZeroTtl`],
+    /// [`Error::TtlNotAboveDrift`], [`Error::TtlTooLarge`] before anything is
+    /// sent.
+    ///
+    /// # Cancel safety
+    /// Dropping the future at any await point leaves no key of ours behind
+    /// longer than needed: the attempt under way is released on every node by
+    /// a task spawned on the current Tokio runtime.
+    pub async fn lock(&self, resource: &str, ttl: Duration) -> Result<Lock, Error> {
+        let ttl = self.check(resource, ttl)?;
+        let mut attempt = 0;
+        loop {
+            match self.attempt(resource, ttl).await {
+                Ok(lock) => return Ok(lock),
+                Err(e) if attempt < self.inner.config.retry_count && is_retryable(&e) => {
+                    attempt += 1;
+                    let c = &self.inner.config;
+                    tokio::time::sleep(quorum::retry_delay(c.retry_delay, c.retry_jitter)).await;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Acquires `resource` for `ttl` with exactly one attempt.
+    ///
+    /// # Errors
+    /// As [`lock`](Redlock::lock), without the retries.
+    ///
+    /// # Cancel safety
+    /// As [`lock`](Redlock::lock): dropping the future leaves no key behind.
+    pub async fn try_lock(&self, resource: &str, ttl: Duration) -> Result<Lock, Error> {
+        let ttl = self.check(resource, ttl)?;
+        self.attempt(resource, ttl).await
+    }
+
+    /// Extends a held lock to `ttl` from now on a quorum, checking ownership
+    /// on every node (the key's expiry is reset only where it still holds our
+    /// token; a missing key is never created). Returns the lock with a fresh
+    /// validity measured from the start of the extension.
+    ///
+    /// A failed extension deletes nothing: where the key is still ours it
+    /// keeps its previous or extended expiry.
+    ///
+    /// # Errors
+    /// [`Error::NotHeld`] when the lock's validity has already run out or a
+    /// quorum said the key is not ours; [`Error::NoQuorum`] or
+    /// [`Error::Redis`] when too few nodes answered; [`Error::ValidityExpired`]
+    /// when the quorum came too late; the ttl errors as for `lock`.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe: dropping the future leaves each node either extended or
+    /// as it was, and the lock passed in stays valid until its own
+    /// `expires_at`.
+    pub async fn extend(&self, lock: &Lock, ttl: Duration) -> Result<Lock, Error> {
+        let ttl = Ttl::new(ttl, self.inner.config.drift_factor)?;
+        if !lock.is_valid() {
+            return Err(Error::NotHeld {
+                resource: lock.resource.clone(),
+            });
+        }
+        let start = Instant::now();
+        let tally = quorum::round(
+            &self.inner.nodes,
+            self.inner.config.node_timeout,
+            Until::QuorumOrImpossible,
+            |mut conn| async move {
+                scripts::EXTEND
+                    .key(&lock.key)
+                    .arg(&lock.token)
+                    .arg(ttl.millis)
+                    .invoke_async(&mut conn)
+                    .await
+            },
+            quorum::accept_script,
+        )
+        .await;
+        self.grant(&lock.resource, &lock.key, &lock.token, ttl, start, tally)
+            .map_err(|e| e.into_error(&lock.resource, self.node_count(), Refusal::NotHeld))
+    }
+
+    /// Releases the lock on every node where it still holds our token,
+    /// waiting for every node (each bounded by the node timeout). Returns how
+    /// many nodes released it.
+    ///
+    /// # Errors
+    /// [`Error::NotHeld`] when no node held our token (the lock expired, or
+    /// changed hands); [`Error::NoQuorum`] or [`Error::Redis`] when no node
+    /// released it and too few answered to tell.
+    ///
+    /// # Cancel safety
+    /// Dropping the future may leave the keys on nodes that had not been
+    /// written to yet; they expire with the lock's ttl.
+    pub async fn unlock(&self, lock: &Lock) -> Result<usize, Error> {
+        let tally = release(&self.inner, &lock.key, &lock.token).await;
+        if tally.granted > 0 {
+            return Ok(tally.granted);
+        }
+        Err(tally.into_error(&lock.resource, self.node_count(), Refusal::NotHeld))
+    }
+
+    /// Validates the arguments of an acquisition.
+    fn check(&self, resource: &str, ttl: Duration) -> Result<Ttl, Error> {
+        if resource.is_empty() {
+            return Err(Error::EmptyResource);
+        }
+        Ttl::new(ttl, self.inner.config.drift_factor)
+    }
+
+    /// One acquisition attempt; see [`lock`](Redlock::lock).
+    async fn attempt(&self, resource: &str, ttl: Ttl) -> Result<Lock, Error> {
+        let inner = &self.inner;
+        let key = format!("{}{resource}", inner.config.key_prefix);
+        let token = new_token()?;
+        // Cancellation safety: until the attempt has either been granted or
+        // released, this guard releases it from a spawned task if the future
+        // is dropped.
+        let mut cleanup = Cleanup {
+            inner: Some((inner.clone(), key.clone(), token.clone())),
+        };
+        let mut set = Cmd::new();
+        set.arg("SET")
+            .arg(&key)
+            .arg(&token)
+            .arg("NX")
+            .arg("PX")
+            .arg(ttl.millis);
+        let set = &set;
+        let start = Instant::now();
+        let tally = quorum::round(
+            &inner.nodes,
+            inner.config.node_timeout,
+            Until::QuorumOrImpossible,
+            |mut conn| async move { set.query_async(&mut conn).await },
+            quorum::accept_set,
+        )
+        .await;
+        match self.grant(resource, &key, &token, ttl, start, tally) {
+            Ok(lock) => {
+                cleanup.disarm();
+                Ok(lock)
+            }
+            Err(failed) => {
+                // Release everywhere, the nodes that refused, failed or have
+                // not answered yet included: a late SET may still land.
+                release(inner, &key, &token).await;
+                cleanup.disarm();
+                Err(failed.into_error(resource, self.node_count(), Refusal::Conflict))
+            }
+        }
+    }
+
+    /// Turns a round into a lock when a quorum agreed with validity left.
+    fn grant(
+        &self,
+        resource: &str,
+        key: &str,
+        token: &str,
+        ttl: Ttl,
+        start: Instant,
+        tally: Tally,
+    ) -> Result<Lock, Failed> {
+        let Some(quorum_at) = tally.quorum_at else {
+            return Err(Failed::Round(tally));
+        };
+        // The validity is measured now, not at the quorum: the caller can use
+        // only what is left when it gets the lock.
+        let now = Instant::now().max(quorum_at);
+        let elapsed = now - start;
+        if quorum::validity(ttl.duration, elapsed, ttl.drift).is_none() {
+            return Err(Failed::Late {
+                elapsed,
+                ttl: ttl.duration,
+                drift: ttl.drift,
+            });
+        }
+        Ok(Lock {
+            resource: resource.to_owned(),
+            key: key.to_owned(),
+            token: token.to_owned(),
+            started_at: start,
+            expires_at: ttl.deadline(start),
+        })
+    }
+}
+
+/// Why a round did not produce a lock.
+enum Failed {
+    Round(Tally),
+    Late {
+        elapsed: Duration,
+        ttl: Duration,
+        drift: Duration,
+    },
+}
+
+impl Failed {
+    fn into_error(self, resource: &str, nodes: usize, refusal: Refusal) -> Error {
+        match self {
+            Failed::Round(tally) => tally.into_error(resource, nodes, refusal),
+            Failed::Late {
+                elapsed,
+                ttl,
+                drift,
+            } => Error::ValidityExpired {
+                resource: resource.to_owned(),
+                elapsed,
+                ttl,
+                drift,
+            },
+        }
+    }
+}
+
+fn is_retryable(e: &Error) -> bool {
+    matches!(
+        e,
+        Error::Conflict { .. } | Error::NoQuorum { .. } | Error::ValidityExpired { .. }
+    )
+}
+
+/// Sends the ownership-checked release to every node and waits for all of
+/// them, each bounded by the node timeout.
+pub(crate) async fn release(inner: &Inner, key: &str, token: &str) -> Tally {
+    quorum::round(
+        &inner.nodes,
+        inner.config.node_timeout,
+        Until::AllNodes,
+        |mut conn| async move {
+            scripts::UNLOCK
+                .key(key)
+                .arg(token)
+                .invoke_async(&mut conn)
+                .await
+        },
+        quorum::accept_script,
+    )
+    .await
+}
+
+/// Releases an attempt from a spawned task when the attempt's future is
+/// dropped before it was granted or released.
+struct Cleanup {
+    inner: Option<(Arc<Inner>, String, String)>,
+}
+
+impl Cleanup {
+    fn disarm(&mut self) {
+        self.inner = None;
+    }
+}
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        let Some((inner, key, token)) = self.inner.take() else {
+            return;
+        };
+        // Drop must not block: hand the release to the runtime. Without a
+        // runtime (the future was polled on one that is gone) the keys expire
+        // with their ttl.
+        if let Ok(handle) = tokio::runtime::Handle::try_current() {
+            handle.spawn(async move {
+                release(&inner, &key, &token).await;
+            });
+        }
+    }
+}
