@@ -198,14 +198,17 @@ pub(crate) enum Refusal {
     NotHeld,
 }
 
-/// Sends one request per node, all at once, each bounded by `node_timeout`,
+// Sends one request per node, all at once, each bounded by `node_timeout`,
 /// and counts the answers.
 ///
 /// `request` makes a node's request from its connection; `accept` reads its
 /// reply: `Ok(true)` agreed, `Ok(false)` refused, `Err` a reply that makes no
 /// sense. With [`Until::QuorumOrImpossible`] the round returns as soon as the
-/// outcome is decided; requests still pending are dropped (a request already
-/// written to a node's socket still runs there; the caller deals with that).
+/// outcome is decided. The requests still pending then are finished by a
+/// spawned task when the round reached a quorum (so that the slower nodes get
+/// the write too, as other Redlock clients do), and dropped when it did not
+/// (the caller releases everywhere next; a request already written to a
+/// node's socket still runs there, before the release queued behind it).
 ///
 /// # Cancel safety
 /// Dropping the future drops the pending requests; see above.
@@ -218,14 +221,14 @@ pub(crate) async fn round<R, Fut>(
 ) -> Tally
 where
     R: Fn(ConnectionManager) -> Fut,
-    Fut: Future<Output = redis::RedisResult<Value>>,
+    Fut: Future<Output = redis::RedisResult<Value>> + Send + 'static,
 {
     let required = quorum(nodes.len());
     let mut pending: FuturesUnordered<_> = nodes
         .iter()
-        .map(|node| {
-            let conn = node.connection();
-            let fut = conn.map(&request);
+        .enumerate()
+        .map(|(index, node)| {
+            let fut = node.connection().map(&request);
             async move {
                 let outcome = match fut {
                     Err(e) => Err(NodeError::from_redis(e)),
@@ -239,13 +242,13 @@ where
                         },
                     },
                 };
-                (node, outcome)
+                (index, outcome)
             }
         })
         .collect();
 
     let mut tally = Tally::default();
-    while let Some((node, outcome)) = pending.next().await {
+    while let Some((index, outcome)) = pending.next().await {
         match outcome {
             Ok(()) => {
                 tally.granted += 1;
@@ -253,13 +256,17 @@ where
                     tally.quorum_at = Some(Instant::now());
                 }
             }
-            Err(cause) => tally.record(node, cause),
+            Err(cause) => tally.record(&nodes[index], cause),
         }
         if until == Until::QuorumOrImpossible
             && (tally.granted >= required || nodes.len() - tally.failed() < required)
         {
             break;
         }
+    }
+    if tally.quorum_at.is_some() && !pending.is_empty() {
+        // Each is bounded by the node timeout, so the task ends soon.
+        tokio::spawn(async move { while pending.next().await.is_some() {} });
     }
     tally
 }

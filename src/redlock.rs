@@ -280,13 +280,10 @@ impl Redlock {
             &self.inner.nodes,
             self.inner.config.node_timeout,
             Until::QuorumOrImpossible,
-            |mut conn| async move {
-                scripts::EXTEND
-                    .key(&lock.key)
-                    .arg(&lock.token)
-                    .arg(ttl.millis)
-                    .invoke_async(&mut conn)
-                    .await
+            |mut conn| {
+                let mut call = scripts::EXTEND.key(&lock.key);
+                call.arg(&lock.token).arg(ttl.millis);
+                async move { call.invoke_async(&mut conn).await }
             },
             quorum::accept_script,
         )
@@ -341,13 +338,16 @@ impl Redlock {
             .arg("NX")
             .arg("PX")
             .arg(ttl.millis);
-        let set = &set;
+        let set = Arc::new(set);
         let start = Instant::now();
         let tally = quorum::round(
             &inner.nodes,
             inner.config.node_timeout,
             Until::QuorumOrImpossible,
-            |mut conn| async move { set.query_async(&mut conn).await },
+            |mut conn| {
+                let set = set.clone();
+                async move { set.query_async(&mut conn).await }
+            },
             quorum::accept_set,
         )
         .await;
@@ -442,12 +442,10 @@ pub(crate) async fn release(inner: &Inner, key: &str, token: &str) -> Tally {
         &inner.nodes,
         inner.config.node_timeout,
         Until::AllNodes,
-        |mut conn| async move {
-            scripts::UNLOCK
-                .key(key)
-                .arg(token)
-                .invoke_async(&mut conn)
-                .await
+        |mut conn| {
+            let mut call = scripts::UNLOCK.key(key);
+            call.arg(token);
+            async move { call.invoke_async(&mut conn).await }
         },
         quorum::accept_script,
     )

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Makes sure `redis-server` can be run: installs Debian's package when it is
+# missing. Prints one clear message and fails when it cannot.
+set -euo pipefail
+
+if command -v "${REDIS_SERVER:-redis-server}" >/dev/null 2>&1; then
+  exit 0
+fi
+
+echo "redis-server not found; installing it with apt-get..." >&2
+if [ "$(id -u)" -eq 0 ]; then
+  SUDO=""
+elif command -v sudo >/dev/null 2>&1; then
+  SUDO="sudo"
+else
+  echo "error: redis-server is missing and this user cannot install it." >&2
+  echo "       Install it (Debian/Ubuntu: apt-get install redis-server), or start" >&2
+  echo "       the five-node cluster with Docker Compose and set REDLOCK_NODES." >&2
+  exit 1
+fi
+if ! command -v apt-get >/dev/null 2>&1; then
+  echo "error: redis-server is missing and there is no apt-get here." >&2
+  echo "       Install Redis 6.2 or later with your package manager, or set REDIS_SERVER" >&2
+  echo "       to the path of a redis-server binary." >&2
+  exit 1
+fi
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends redis-server >/dev/null
+# Debian's package starts a system service on 6379; the tests start their own
+# servers on free ports and do not use it.
+command -v redis-server >/dev/null 2>&1 || { echo "error: redis-server install failed" >&2; exit 1; }
+echo "installed: $(redis-server --version)" >&2

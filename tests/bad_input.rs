@@ -1,0 +1,207 @@
+//! Bad input and replies that make no sense for a lock: each a typed error,
+//! no panic, and no key of ours left behind.
+
+mod support;
+
+use std::time::Duration;
+
+use redis::Commands;
+use redlock_quorum::{Error, MAX_TTL, Redlock};
+use support::{Cluster, resource};
+
+const TTL: Duration = Duration::from_secs(10);
+
+#[test]
+fn an_empty_node_list_is_rejected() {
+    let err = Redlock::new(Vec::<String>::new()).unwrap_err();
+    assert!(matches!(err, Error::EmptyNodeList), "{err}");
+}
+
+#[test]
+fn an_unparsable_url_names_its_position() {
+    let err = Redlock::new([
+        "redis://127.0.0.1:7001/",
+        "not a url",
+        "redis://127.0.0.1:7003/",
+    ])
+    .unwrap_err();
+    assert!(
+        matches!(err, Error::InvalidNodeAddress { index: 1, .. }),
+        "{err}"
+    );
+    let err = Redlock::new(["http://127.0.0.1:7001/"]).unwrap_err();
+    assert!(
+        matches!(err, Error::InvalidNodeAddress { index: 0, .. }),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_duplicate_node_is_rejected() {
+    let err = Redlock::new([
+        "redis://127.0.0.1:7001/",
+        "redis://127.0.0.1:7002/",
+        "redis://127.0.0.1:7001",
+    ])
+    .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::DuplicateNode {
+                index: 2,
+                first: 0,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    // the same server in another database is another keyspace, but still one
+    // failure domain; it is allowed (a test setup), and named apart
+    assert!(Redlock::new(["redis://127.0.0.1:7001/0", "redis://127.0.0.1:7001/1"]).is_ok());
+}
+
+#[test]
+fn settings_out_of_range_are_named() {
+    let nodes = ["redis://127.0.0.1:7001/"];
+    for (builder, setting) in [
+        (
+            Redlock::builder(nodes).node_timeout(Duration::ZERO),
+            "node_timeout",
+        ),
+        (
+            Redlock::builder(nodes).drift_factor(f64::NAN),
+            "drift_factor",
+        ),
+        (Redlock::builder(nodes).drift_factor(-0.1), "drift_factor"),
+        (Redlock::builder(nodes).drift_factor(1.0), "drift_factor"),
+    ] {
+        match builder.build() {
+            Err(Error::InvalidSetting { setting: s, .. }) => assert_eq!(s, setting),
+            other => panic!("expected InvalidSetting({setting}), got {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn build_needs_no_runtime_and_no_server() {
+    // nothing listens on this port; build() still succeeds
+    let port = support::server::free_port();
+    let redlock = Redlock::new([format!("redis://127.0.0.1:{port}/")]).unwrap();
+    assert_eq!((redlock.node_count(), redlock.quorum()), (1, 1));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_arguments_are_typed_errors_before_anything_is_sent() {
+    let cluster = Cluster::shared(5);
+    let redlock = cluster.redlock();
+    let res = resource("args");
+    type Case<'a> = (&'a str, Duration, fn(&Error) -> bool);
+    let cases: Vec<Case<'_>> = vec![
+        ("", TTL, |e| matches!(e, Error::EmptyResource)),
+        (&res, Duration::ZERO, |e| matches!(e, Error::ZeroTtl)),
+        (&res, Duration::from_millis(1), |e| {
+            matches!(e, Error::TtlNotAboveDrift { .. })
+        }),
+        (&res, Duration::from_millis(2), |e| {
+            matches!(e, Error::TtlNotAboveDrift { .. })
+        }),
+        (&res, MAX_TTL + Duration::from_millis(1), |e| {
+            matches!(e, Error::TtlTooLarge { .. })
+        }),
+        (&res, Duration::MAX, |e| {
+            matches!(e, Error::TtlTooLarge { .. })
+        }),
+    ];
+    for (resource, ttl, expected) in cases {
+        let err = redlock.lock(resource, ttl).await.expect_err("must fail");
+        assert!(expected(&err), "{resource:?} {ttl:?}: {err}");
+        let err = redlock
+            .try_lock(resource, ttl)
+            .await
+            .expect_err("must fail");
+        assert!(expected(&err), "{resource:?} {ttl:?}: {err}");
+    }
+    assert_eq!(cluster.values(&res), vec![None; 5]);
+
+    // extend checks its ttl too
+    let lock = redlock.try_lock(&res, TTL).await.unwrap();
+    assert!(matches!(
+        redlock.extend(&lock, Duration::ZERO).await,
+        Err(Error::ZeroTtl)
+    ));
+    assert!(matches!(
+        redlock.extend(&lock, Duration::MAX).await,
+        Err(Error::TtlTooLarge { .. })
+    ));
+    redlock.unlock(&lock).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_largest_ttl_is_accepted_by_redis() {
+    let cluster = Cluster::shared(5);
+    let redlock = cluster.redlock();
+    let res = resource("max-ttl");
+    let lock = redlock
+        .try_lock(&res, MAX_TTL)
+        .await
+        .expect("PX accepts MAX_TTL");
+    redlock.unlock(&lock).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_of_another_type_on_a_majority_is_a_typed_error() {
+    let cluster = Cluster::shared(5);
+    let redlock = cluster.builder().retry_count(1).build().unwrap();
+    let res = resource("wrongtype");
+    for i in [0, 1, 2] {
+        let _: () = cluster.conn(i).rpush(&res, "not a lock").unwrap();
+    }
+    // SET NX answers nil for an existing key of any type: a conflict
+    let err = redlock
+        .lock(&res, TTL)
+        .await
+        .expect_err("a list is no lock");
+    assert!(matches!(err, Error::Conflict { held: 3.., .. }), "{err}");
+    let values: Vec<String> = (0..5)
+        .map(|i| {
+            redis::cmd("TYPE")
+                .arg(&res)
+                .query(&mut cluster.conn(i))
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(
+        values,
+        ["list", "list", "list", "none", "none"],
+        "nothing of ours left"
+    );
+
+    // A held lock whose key became a list on a majority: the scripts' GET
+    // answers WRONGTYPE, which is a Redis error, not "not held".
+    let res = resource("wrongtype-held");
+    let lock = redlock.try_lock(&res, TTL).await.unwrap();
+    for i in [0, 1, 2] {
+        let _: () = cluster.conn(i).del(&res).unwrap();
+        let _: () = cluster.conn(i).rpush(&res, "not a lock").unwrap();
+    }
+    let err = redlock.extend(&lock, TTL).await.expect_err("wrong type");
+    match &err {
+        Error::Redis {
+            failures, granted, ..
+        } => {
+            assert!(*granted <= 2);
+            assert!(err.to_string().contains("WRONGTYPE"), "{err}");
+            assert_eq!(failures.len(), 3);
+        }
+        other => panic!("expected Error::Redis, got {other}"),
+    }
+    // unlock releases the two nodes still ours and leaves the lists alone
+    assert_eq!(redlock.unlock(&lock).await.unwrap(), 2);
+    for i in 0..5 {
+        let t: String = redis::cmd("TYPE")
+            .arg(&res)
+            .query(&mut cluster.conn(i))
+            .unwrap();
+        assert_eq!(t, if i < 3 { "list" } else { "none" }, "node {i}");
+    }
+}

@@ -1,0 +1,164 @@
+//! Shared test and benchmark support: real Redis nodes, and helpers to look
+//! at and plant state on them. No mock of Redis anywhere.
+//!
+//! Each test file, bench and example that uses it includes it with
+//! `mod support;` (or `#[path]`), so some helpers are unused in some of them.
+#![allow(dead_code, unreachable_pub)]
+
+pub mod checker;
+pub mod server;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use redis::Commands;
+use redlock_quorum::{Redlock, RedlockBuilder};
+
+pub use server::RedisServer;
+
+/// The nodes a test runs against.
+///
+/// When `REDLOCK_NODES` names an existing cluster (comma-separated URLs),
+/// [`Cluster::shared`] uses it; otherwise, and always for
+/// [`Cluster::start`], the harness starts its own `redis-server` processes,
+/// which it alone may pause, kill and restart.
+#[derive(Debug)]
+pub struct Cluster {
+    urls: Vec<String>,
+    owned: Vec<RedisServer>,
+}
+
+impl Cluster {
+    /// Starts `n` fresh nodes that this test owns.
+    pub fn start(n: usize) -> Self {
+        let owned: Vec<RedisServer> = (0..n).map(|_| RedisServer::start()).collect();
+        Cluster {
+            urls: owned.iter().map(RedisServer::url).collect(),
+            owned,
+        }
+    }
+
+    /// The cluster named by `REDLOCK_NODES` if set, else `n` fresh nodes.
+    /// For tests that inject no faults.
+    pub fn shared(n: usize) -> Self {
+        match external_nodes() {
+            Some(urls) => Cluster {
+                urls,
+                owned: Vec::new(),
+            },
+            None => Self::start(n),
+        }
+    }
+
+    /// The nodes' URLs.
+    pub fn urls(&self) -> &[String] {
+        &self.urls
+    }
+
+    /// How many nodes.
+    pub fn len(&self) -> usize {
+        self.urls.len()
+    }
+
+    /// Node `i`, to pause, kill or restart. Panics on an external cluster.
+    pub fn node(&mut self, i: usize) -> &mut RedisServer {
+        assert!(
+            !self.owned.is_empty(),
+            "fault injection needs nodes the harness started itself"
+        );
+        &mut self.owned[i]
+    }
+
+    /// A builder over all nodes with settings for tests: short retry delays so
+    /// contention resolves fast.
+    pub fn builder(&self) -> RedlockBuilder {
+        Redlock::builder(self.urls.iter().map(String::as_str))
+            .retry_delay(Duration::from_millis(5))
+            .retry_jitter(Duration::from_millis(10))
+    }
+
+    /// A manager with the test settings.
+    pub fn redlock(&self) -> Redlock {
+        self.builder().build().expect("valid test config")
+    }
+
+    /// A plain synchronous connection to node `i`.
+    pub fn conn(&self, i: usize) -> redis::Connection {
+        redis::Client::open(self.urls[i].as_str())
+            .expect("url")
+            .get_connection_with_timeout(Duration::from_secs(2))
+            .expect("connect to test node")
+    }
+
+    /// The value of `key` on every node (`None` where absent or unreachable).
+    pub fn values(&self, key: &str) -> Vec<Option<String>> {
+        (0..self.len())
+            .map(|i| {
+                let client = redis::Client::open(self.urls[i].as_str()).ok()?;
+                let mut con = client
+                    .get_connection_with_timeout(Duration::from_millis(500))
+                    .ok()?;
+                con.get::<_, Option<String>>(key).ok().flatten()
+            })
+            .collect()
+    }
+
+    /// How many nodes hold `key` with `value`.
+    pub fn count(&self, key: &str, value: &str) -> usize {
+        self.values(key)
+            .iter()
+            .filter(|v| v.as_deref() == Some(value))
+            .count()
+    }
+
+    /// Sets `key` to `value` with a ttl on the given nodes, with raw commands.
+    pub fn plant(&self, nodes: &[usize], key: &str, value: &str, ttl: Duration) {
+        for &i in nodes {
+            let _: () = redis::cmd("SET")
+                .arg(key)
+                .arg(value)
+                .arg("PX")
+                .arg(ttl.as_millis() as u64)
+                .query(&mut self.conn(i))
+                .expect("plant");
+        }
+    }
+
+    /// Polls `check` until it holds or `within` has passed.
+    pub fn eventually(&self, within: Duration, mut check: impl FnMut(&Self) -> bool) -> bool {
+        let deadline = std::time::Instant::now() + within;
+        loop {
+            if check(self) {
+                return true;
+            }
+            if std::time::Instant::now() > deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+/// The URLs in `REDLOCK_NODES`, if it is set and not empty.
+pub fn external_nodes() -> Option<Vec<String>> {
+    let raw = std::env::var("REDLOCK_NODES").ok()?;
+    let urls: Vec<String> = raw
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(str::to_owned)
+        .collect();
+    (!urls.is_empty()).then_some(urls)
+}
+
+static NEXT_RESOURCE: AtomicU64 = AtomicU64::new(0);
+
+/// A resource name no other test (or earlier run on a shared cluster) uses.
+pub fn resource(topic: &str) -> String {
+    let n = NEXT_RESOURCE.fetch_add(1, Ordering::Relaxed);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    format!("test:{topic}:{}:{nanos}:{n}", std::process::id())
+}

@@ -1,0 +1,204 @@
+//! Real `redis-server` processes on free loopback ports, stopped on drop.
+
+use std::net::{Ipv4Addr, SocketAddrV4, TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+/// The `redis-server` binary: `$REDIS_SERVER`, or the one on `PATH`.
+pub fn redis_server_binary() -> String {
+    std::env::var("REDIS_SERVER").unwrap_or_else(|_| "redis-server".to_owned())
+}
+
+/// Whether a `redis-server` binary can be run here.
+pub fn redis_server_available() -> bool {
+    Command::new(redis_server_binary())
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// A free loopback port: bind port 0, read the port, let it go.
+pub fn free_port() -> u16 {
+    TcpListener::bind(SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0))
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("no free loopback port")
+}
+
+static NEXT_DIR: AtomicU64 = AtomicU64::new(0);
+
+/// One `redis-server` process that this harness started. It can be paused,
+/// resumed, killed and restarted on the same port; it is killed on drop.
+#[derive(Debug)]
+pub struct RedisServer {
+    port: u16,
+    dir: PathBuf,
+    extra: Vec<String>,
+    child: Option<Child>,
+    paused: bool,
+}
+
+impl RedisServer {
+    /// Starts a node with no persistence (`--save "" --appendonly no`).
+    pub fn start() -> Self {
+        Self::start_with(&[])
+    }
+
+    /// Starts a node with extra `--option value` arguments.
+    pub fn start_with(extra: &[&str]) -> Self {
+        let n = NEXT_DIR.fetch_add(1, Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("redlock-quorum-{}-{n}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+        // A port freed by `free_port` can be taken by someone else before the
+        // server binds it; try a few.
+        for _ in 0..5 {
+            let mut server = RedisServer {
+                port: free_port(),
+                dir: dir.clone(),
+                extra: extra.clone(),
+                child: None,
+                paused: false,
+            };
+            if server.spawn().is_ok() {
+                return server;
+            }
+        }
+        panic!(
+            "could not start {} (is it installed?)",
+            redis_server_binary()
+        );
+    }
+
+    fn spawn(&mut self) -> Result<(), String> {
+        let mut cmd = Command::new(redis_server_binary());
+        cmd.args(["--port", &self.port.to_string()])
+            .args(["--bind", "127.0.0.1"])
+            .args(["--save", ""])
+            .args(["--appendonly", "no"])
+            .args(["--protected-mode", "no"])
+            .args(["--daemonize", "no"])
+            .args(["--loglevel", "warning"])
+            .arg("--dir")
+            .arg(&self.dir)
+            .args(&self.extra)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        let mut child = cmd.spawn().map_err(|e| e.to_string())?;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Ok(Some(status)) = child.try_wait() {
+                return Err(format!("redis-server exited: {status}"));
+            }
+            if self.pings() {
+                self.child = Some(child);
+                self.paused = false;
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        Err("redis-server did not answer PING".into())
+    }
+
+    fn pings(&self) -> bool {
+        let addr = SocketAddrV4::new(Ipv4Addr::LOCALHOST, self.port);
+        let Ok(stream) = TcpStream::connect_timeout(&addr.into(), Duration::from_millis(200))
+        else {
+            return false;
+        };
+        drop(stream);
+        let Ok(client) = redis::Client::open(self.url()) else {
+            return false;
+        };
+        let Ok(mut con) = client.get_connection_with_timeout(Duration::from_millis(500)) else {
+            return false;
+        };
+        redis::cmd("PING").query::<String>(&mut con).is_ok()
+    }
+
+    /// The node's loopback port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// `redis://127.0.0.1:PORT/`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    /// The OS process id, while running.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// Stops the process with SIGSTOP: it keeps its socket open and answers
+    /// nothing, like a node in a long GC pause or a stalled VM.
+    pub fn pause(&mut self) {
+        self.signal("-STOP");
+        self.paused = true;
+    }
+
+    /// Resumes a paused process with SIGCONT.
+    pub fn resume(&mut self) {
+        self.signal("-CONT");
+        self.paused = false;
+    }
+
+    fn signal(&self, sig: &str) {
+        let pid = self.pid().expect("server is not running");
+        let ok = Command::new("kill")
+            .args([sig, &pid.to_string()])
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "kill {sig} {pid} failed");
+    }
+
+    /// Kills the process with SIGKILL; its data (no persistence) is lost.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        self.paused = false;
+    }
+
+    /// Starts the process again on the same port, empty.
+    pub fn restart(&mut self) {
+        self.kill();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            match self.spawn() {
+                Ok(()) => return,
+                Err(e) if Instant::now() > deadline => panic!("restart failed: {e}"),
+                Err(_) => std::thread::sleep(Duration::from_millis(50)),
+            }
+        }
+    }
+
+    /// Whether the process is running (paused counts as running).
+    pub fn is_running(&self) -> bool {
+        self.child.is_some()
+    }
+
+    /// A plain synchronous connection, for checking and planting state.
+    pub fn conn(&self) -> redis::Connection {
+        redis::Client::open(self.url())
+            .expect("url")
+            .get_connection_with_timeout(Duration::from_secs(2))
+            .expect("connect to test node")
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.kill();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
