@@ -3,13 +3,15 @@
 use std::fmt;
 use std::time::Duration;
 
+use crate::guard::LossReason;
+
 /// Everything that can go wrong when building a [`Redlock`](crate::Redlock)
 /// or taking, extending and releasing a lock.
 ///
 /// Variants that come from a quorum round carry the numbers a caller needs to
 /// understand it: how many nodes agreed, how many were required, and what each
 /// failing node said.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
     /// The lock is held by someone else: enough nodes answered that a quorum
@@ -66,6 +68,17 @@ pub enum Error {
     NotHeld {
         /// The resource name of the lost lock.
         resource: String,
+    },
+
+    /// The lock was lost while the work of
+    /// [`Redlock::with_lock`](crate::Redlock::with_lock) ran; the work was
+    /// dropped.
+    #[error("the lock on {resource:?} was lost while the work ran: {reason}")]
+    LockLost {
+        /// The resource name of the lost lock.
+        resource: String,
+        /// Why it was lost.
+        reason: LossReason,
     },
 
     /// Enough nodes were reachable for a quorum, but too many answered with an

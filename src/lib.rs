@@ -57,6 +57,10 @@
 //! - `lock`: the [`Lock`] handle and its token.
 //! - `quorum`: the quorum rule, validity arithmetic, retry delay and the
 //!   parallel round itself.
+//! - `guard`: the renewing [`LockGuard`], its [`LockWatch`] view, and the
+//!   [`LossReason`]s.
+//! - `watchdog`: [`Redlock::acquire`], [`Redlock::with_lock`] and the
+//!   renewal task behind a guard.
 //! - `scripts`: the release and extend Lua scripts.
 //! - `node`: one node's lazily made, long-lived connection.
 //! - `error`: the [`Error`] enum and the per-node [`NodeFailure`]s.
@@ -64,13 +68,16 @@
 #![warn(rust_2018_idioms, unreachable_pub)]
 
 mod error;
+mod guard;
 mod lock;
 mod node;
 mod quorum;
 mod redlock;
 mod scripts;
+mod watchdog;
 
 pub use crate::error::{Error, NodeError, NodeFailure};
+pub use crate::guard::{LockGuard, LockWatch, LossReason};
 pub use crate::lock::Lock;
 pub use crate::quorum::MAX_TTL;
 pub use crate::redlock::{

@@ -47,6 +47,8 @@ pub(crate) struct Config {
     pub(crate) node_timeout: Duration,
     pub(crate) drift_factor: f64,
     pub(crate) key_prefix: String,
+    pub(crate) renew_interval: Option<Duration>,
+    pub(crate) max_hold: Option<Duration>,
 }
 
 /// Configures a [`Redlock`]. Made by [`Redlock::builder`].
@@ -103,6 +105,27 @@ impl RedlockBuilder {
         self
     }
 
+    /// How often a [`LockGuard`](crate::LockGuard) renews its lock. Defaults
+    /// to a third of the lock's ttl, which leaves two more chances to renew
+    /// before the lock expires. Must be shorter than the ttl minus the drift
+    /// allowance of each lock acquired with [`Redlock::acquire`]; a failed
+    /// renewal is retried after `retry_delay` (or the interval, if shorter).
+    pub fn renew_interval(mut self, interval: Duration) -> Self {
+        self.config.renew_interval = Some(interval);
+        self
+    }
+
+    /// The longest a [`LockGuard`](crate::LockGuard) keeps renewing. After
+    /// it, renewal stops and the guard reports the lock lost
+    /// ([`LossReason::MaxHold`](crate::LossReason::MaxHold)), so that a
+    /// holder stuck in a loop cannot keep a resource forever; the Redlock
+    /// spec asks for such a limit to keep the system live. Defaults to no
+    /// limit.
+    pub fn max_hold(mut self, limit: Duration) -> Self {
+        self.config.max_hold = Some(limit);
+        self
+    }
+
     /// Validates the configuration and makes the manager. Connects to
     /// nothing: each node's connection is made on its first use and then
     /// kept, so nodes that are down now are used once they come up.
@@ -126,6 +149,12 @@ impl RedlockBuilder {
             return Err(Error::InvalidSetting {
                 setting: "drift_factor",
                 reason: "must be finite and in [0, 1)",
+            });
+        }
+        if config.max_hold.is_some_and(|m| m.is_zero()) {
+            return Err(Error::InvalidSetting {
+                setting: "max_hold",
+                reason: "must be longer than zero",
             });
         }
         let mut nodes: Vec<Node> = Vec::with_capacity(self.nodes.len());
@@ -170,6 +199,8 @@ impl Redlock {
                 node_timeout: DEFAULT_NODE_TIMEOUT,
                 drift_factor: DEFAULT_DRIFT_FACTOR,
                 key_prefix: String::new(),
+                renew_interval: None,
+                max_hold: None,
             },
         }
     }

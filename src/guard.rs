@@ -1,0 +1,293 @@
+//! The lock guard that lives as long as the work: `LockGuard`, its shared
+//! view `LockWatch`, and the reasons a held lock can be lost.
+
+use std::fmt;
+use std::time::{Duration, Instant};
+
+use tokio::sync::{oneshot, watch};
+
+use crate::error::Error;
+use crate::lock::Lock;
+
+/// Why a guarded lock is no longer held.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LossReason {
+    /// Renewal did not reach a quorum before the validity ran out (nodes
+    /// down, paused or partitioned away). `last_error` is the last renewal
+    /// failure, if any renewal was tried.
+    Expired {
+        /// The last renewal error, as text.
+        last_error: Option<String>,
+    },
+    /// A quorum of nodes answered that the key no longer holds our token:
+    /// it expired there and another client took it.
+    TakenOver,
+    /// The builder's `max_hold` limit was reached; renewal stopped.
+    MaxHold {
+        /// The limit that was reached.
+        limit: Duration,
+    },
+    /// The guard released the lock.
+    Released,
+}
+
+impl fmt::Display for LossReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LossReason::Expired { last_error: None } => {
+                f.write_str("the validity ran out before a renewal succeeded")
+            }
+            LossReason::Expired {
+                last_error: Some(e),
+            } => write!(f, "the validity ran out before a renewal succeeded ({e})"),
+            LossReason::TakenOver => f.write_str("the key now belongs to another holder"),
+            LossReason::MaxHold { limit } => {
+                write!(f, "the maximum hold time of {limit:?} was reached")
+            }
+            LossReason::Released => f.write_str("the lock was released"),
+        }
+    }
+}
+
+/// What the watchdog publishes to the guard and its watches.
+#[derive(Debug, Clone)]
+pub(crate) struct State {
+    /// The lock as last granted or renewed.
+    pub(crate) lock: Lock,
+    /// Set once, when the lock is lost.
+    pub(crate) lost: Option<LossReason>,
+    /// Successful renewals so far.
+    pub(crate) renewals: u64,
+}
+
+/// What the guard asks of its watchdog task.
+#[derive(Debug)]
+pub(crate) enum Stop {
+    /// Stop renewing, release on every node, and report the result.
+    Release(Option<oneshot::Sender<Result<usize, Error>>>),
+    /// Stop renewing and leave the keys to expire.
+    Forget,
+}
+
+/// A read-only, cloneable view of a guarded lock: what the work needs to
+/// check that it still holds the lock. Given to the closure of
+/// [`Redlock::with_lock`](crate::Redlock::with_lock), and available from
+/// [`LockGuard::watch`].
+#[derive(Clone)]
+pub struct LockWatch {
+    rx: watch::Receiver<State>,
+}
+
+impl LockWatch {
+    pub(crate) fn new(rx: watch::Receiver<State>) -> Self {
+        LockWatch { rx }
+    }
+
+    /// The lock as last granted or renewed (its token, key and deadline).
+    pub fn lock(&self) -> Lock {
+        self.rx.borrow().lock.clone()
+    }
+
+    /// The resource name.
+    pub fn resource(&self) -> String {
+        self.rx.borrow().lock.resource.clone()
+    }
+
+    /// The current deadline; it moves forward with each renewal.
+    pub fn expires_at(&self) -> Instant {
+        self.rx.borrow().lock.expires_at
+    }
+
+    /// Time left until [`expires_at`](LockWatch::expires_at), zero once the
+    /// lock is lost.
+    pub fn validity(&self) -> Duration {
+        let state = self.rx.borrow();
+        if state.lost.is_some() {
+            return Duration::ZERO;
+        }
+        state.lock.validity()
+    }
+
+    /// Whether the lock is still held: not reported lost, and its deadline
+    /// not passed. Never true after `expires_at`, whatever the renewal task
+    /// is doing.
+    pub fn is_held(&self) -> bool {
+        let state = self.rx.borrow();
+        state.lost.is_none() && state.lock.is_valid()
+    }
+
+    /// Why the lock was lost, if it was.
+    pub fn loss(&self) -> Option<LossReason> {
+        let state = self.rx.borrow();
+        if let Some(reason) = &state.lost {
+            return Some(reason.clone());
+        }
+        (!state.lock.is_valid()).then_some(LossReason::Expired { last_error: None })
+    }
+
+    /// How many renewals have succeeded.
+    pub fn renewals(&self) -> u64 {
+        self.rx.borrow().renewals
+    }
+
+    /// Resolves once the lock is no longer held: a renewal found the key
+    /// taken over, the `max_hold` limit was reached, or the deadline passed
+    /// without a renewal. It resolves at the deadline at the latest, even if
+    /// a node hangs in the middle of a renewal.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe: it only watches.
+    pub async fn lost(&self) -> LossReason {
+        let mut rx = self.rx.clone();
+        loop {
+            let deadline = {
+                let state = rx.borrow_and_update();
+                if let Some(reason) = &state.lost {
+                    return reason.clone();
+                }
+                state.lock.expires_at
+            };
+            tokio::select! {
+                changed = rx.changed() => {
+                    if changed.is_err() {
+                        // The watchdog is gone (runtime shut down): nothing
+                        // renews any more, so the lock ends at its deadline.
+                        tokio::time::sleep_until(crate::watchdog::alarm(deadline)).await;
+                        return self.loss().unwrap_or(LossReason::Expired { last_error: None });
+                    }
+                }
+                () = tokio::time::sleep_until(crate::watchdog::alarm(deadline)) => {
+                    // The renewal may have landed at the last moment.
+                    let state = rx.borrow();
+                    if state.lock.expires_at <= deadline || state.lost.is_some() {
+                        return state.lost.clone().unwrap_or(LossReason::Expired { last_error: None });
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl fmt::Debug for LockWatch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = self.rx.borrow();
+        f.debug_struct("LockWatch")
+            .field("lock", &state.lock)
+            .field("lost", &state.lost)
+            .field("renewals", &state.renewals)
+            .finish()
+    }
+}
+
+/// A lock renewed in the background for as long as the guard lives. Made by
+/// [`Redlock::acquire`](crate::Redlock::acquire).
+///
+/// While the guard lives, a watchdog task extends the lock on a quorum every
+/// renewal interval (ttl / 3 by default). If a renewal cannot reach a quorum
+/// before the validity runs out, or finds the key taken over, the lock is
+/// reported lost: [`is_held`](LockGuard::is_held) turns false and
+/// [`lost`](LockGuard::lost) resolves, no later than the deadline.
+///
+/// Release it with [`release`](LockGuard::release). Dropping it stops the
+/// renewal and releases the lock from the watchdog task, without blocking;
+/// if the Tokio runtime that ran [`acquire`](crate::Redlock::acquire) has
+/// shut down, nothing runs any more and the keys expire after their ttl.
+#[must_use = "dropping the guard releases the lock at once"]
+pub struct LockGuard {
+    watch: LockWatch,
+    stop: Option<oneshot::Sender<Stop>>,
+}
+
+impl LockGuard {
+    pub(crate) fn new(rx: watch::Receiver<State>, stop: oneshot::Sender<Stop>) -> Self {
+        LockGuard {
+            watch: LockWatch::new(rx),
+            stop: Some(stop),
+        }
+    }
+
+    /// The lock as last granted or renewed.
+    pub fn lock(&self) -> Lock {
+        self.watch.lock()
+    }
+
+    /// The current deadline; it moves forward with each renewal.
+    pub fn expires_at(&self) -> Instant {
+        self.watch.expires_at()
+    }
+
+    /// Time left until the current deadline; zero once lost.
+    pub fn validity(&self) -> Duration {
+        self.watch.validity()
+    }
+
+    /// Whether the lock is still held; see [`LockWatch::is_held`].
+    pub fn is_held(&self) -> bool {
+        self.watch.is_held()
+    }
+
+    /// How many renewals have succeeded.
+    pub fn renewals(&self) -> u64 {
+        self.watch.renewals()
+    }
+
+    /// Resolves once the lock is no longer held; see [`LockWatch::lost`].
+    ///
+    /// # Cancel safety
+    /// Cancel-safe: it only watches.
+    pub async fn lost(&self) -> LossReason {
+        self.watch.lost().await
+    }
+
+    /// A cloneable view of this lock, for the work to check.
+    pub fn watch(&self) -> LockWatch {
+        self.watch.clone()
+    }
+
+    /// Stops the renewal, then releases the lock on every node (the release
+    /// is ownership-checked). Returns how many nodes released it.
+    ///
+    /// # Errors
+    /// As [`Redlock::unlock`](crate::Redlock::unlock): [`Error::NotHeld`]
+    /// when the lock had already been lost and no node held our token.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe: the release runs in the watchdog task and completes even
+    /// if this future is dropped.
+    pub async fn release(mut self) -> Result<usize, Error> {
+        let resource = self.watch.resource();
+        let (tx, rx) = oneshot::channel();
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(Stop::Release(Some(tx)));
+        }
+        rx.await.unwrap_or(Err(Error::NotHeld { resource }))
+    }
+
+    /// Stops the renewal and leaves the keys to expire after their ttl,
+    /// without releasing them.
+    pub fn forget(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(Stop::Forget);
+        }
+    }
+}
+
+impl Drop for LockGuard {
+    fn drop(&mut self) {
+        // Never blocks: a message to the watchdog task, which stops renewing
+        // and releases. Without the task (its runtime is gone) the message is
+        // lost and the keys expire after their ttl.
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(Stop::Release(None));
+        }
+    }
+}
+
+impl fmt::Debug for LockGuard {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LockGuard")
+            .field("watch", &self.watch)
+            .finish()
+    }
+}

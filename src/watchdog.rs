@@ -1,0 +1,237 @@
+//! The watchdog: a task per guard that renews the lock while the guard
+//! lives, reports its loss, and releases it when the guard goes.
+//!
+//! One task per guard, sleeping on one timer, is the simplest design that
+//! scales: a sleeping Tokio task costs a few hundred bytes and no CPU, so ten
+//! thousand guards cost only their renewals (see `benches/redlock.rs`).
+
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+use tokio::sync::{oneshot, watch};
+use tokio::time::sleep_until;
+
+use crate::error::Error;
+use crate::guard::{LockGuard, LockWatch, LossReason, State, Stop};
+use crate::lock::Lock;
+use crate::quorum::Ttl;
+use crate::redlock::Redlock;
+
+impl Redlock {
+    /// Acquires `resource` (with the retries of [`lock`](Redlock::lock)) and
+    /// returns a guard that renews it in the background on a quorum, every
+    /// renewal interval (ttl / 3 unless the builder's `renew_interval` says
+    /// otherwise), until the guard is released, forgotten or dropped, the
+    /// lock is lost, or the builder's `max_hold` is reached.
+    ///
+    /// # Errors
+    /// As [`lock`](Redlock::lock), and [`Error::InvalidSetting`] when the
+    /// configured renewal interval is not shorter than `ttl` minus the drift
+    /// allowance.
+    ///
+    /// # Cancel safety
+    /// As [`lock`](Redlock::lock): dropping the future leaves no key behind.
+    /// Once it returned, the guard owns the lock.
+    pub async fn acquire(&self, resource: &str, ttl: Duration) -> Result<LockGuard, Error> {
+        let interval = self.renew_interval(ttl)?;
+        let lock = self.lock(resource, ttl).await?;
+        Ok(self.guard(lock, ttl, interval))
+    }
+
+    /// Runs `work` under the lock: acquires `resource` with a renewing guard
+    /// (as [`acquire`](Redlock::acquire)), runs the future that `work` makes
+    /// from the guard's [`LockWatch`], and releases the lock when it ends.
+    ///
+    /// If the lock is lost while the future runs, the future is dropped
+    /// (cancelled at its current await point) and [`Error::LockLost`] is
+    /// returned. The lock is released on every exit path: success, loss, a
+    /// panic in the future (released from the watchdog task as the guard
+    /// unwinds, then the panic goes on), and the cancellation of `with_lock`
+    /// itself. A failed release after the work succeeded is not reported: the
+    /// work's value is returned and the keys expire with their ttl.
+    ///
+    /// Work that writes to a resource outside Redis should still check
+    /// [`LockWatch::is_held`] before each write, or better, pass a fencing
+    /// token: cancellation only happens at await points.
+    ///
+    /// # Errors
+    /// As [`acquire`](Redlock::acquire), and [`Error::LockLost`] when the
+    /// lock was lost before the work finished.
+    ///
+    /// # Cancel safety
+    /// Dropping the future drops the work and releases the lock from the
+    /// watchdog task.
+    pub async fn with_lock<F, Fut, T>(
+        &self,
+        resource: &str,
+        ttl: Duration,
+        work: F,
+    ) -> Result<T, Error>
+    where
+        F: FnOnce(LockWatch) -> Fut,
+        Fut: Future<Output = T>,
+    {
+        let guard = self.acquire(resource, ttl).await?;
+        // Boxed so that it can be dropped before the release on loss.
+        let mut work = Box::pin(work(guard.watch()));
+        let outcome = tokio::select! {
+            // On a tie, loss wins: the work's result may not be trusted.
+            biased;
+            reason = guard.lost() => Err(reason),
+            value = &mut work => Ok(value),
+        };
+        match outcome {
+            Ok(value) => {
+                drop(work);
+                let _ = guard.release().await;
+                Ok(value)
+            }
+            Err(reason) => {
+                drop(work);
+                let _ = guard.release().await;
+                Err(Error::LockLost {
+                    resource: resource.to_owned(),
+                    reason,
+                })
+            }
+        }
+    }
+
+    /// The renewal interval for a ttl: the configured one, or ttl / 3.
+    fn renew_interval(&self, ttl: Duration) -> Result<Duration, Error> {
+        let config = &self.inner.config;
+        let checked = Ttl::new(ttl, config.drift_factor)?;
+        let interval = config.renew_interval.unwrap_or(checked.duration / 3);
+        if interval.is_zero() || interval >= checked.duration - checked.drift {
+            return Err(Error::InvalidSetting {
+                setting: "renew_interval",
+                reason: "must be longer than zero and shorter than the ttl minus the drift allowance",
+            });
+        }
+        Ok(interval)
+    }
+
+    /// Wraps a granted lock in a guard and starts its watchdog.
+    fn guard(&self, lock: Lock, ttl: Duration, interval: Duration) -> LockGuard {
+        let (state_tx, state_rx) = watch::channel(State {
+            lock,
+            lost: None,
+            renewals: 0,
+        });
+        let (stop_tx, stop_rx) = oneshot::channel();
+        tokio::spawn(watchdog(self.clone(), state_tx, stop_rx, ttl, interval));
+        LockGuard::new(state_rx, stop_tx)
+    }
+}
+
+/// The renewal loop of one guard.
+async fn watchdog(
+    redlock: Redlock,
+    state: watch::Sender<State>,
+    mut stop: oneshot::Receiver<Stop>,
+    ttl: Duration,
+    interval: Duration,
+) {
+    let config = &redlock.inner.config;
+    let acquired = state.borrow().lock.started_at;
+    let hold_limit = config.max_hold.map(|limit| (limit, acquired + limit));
+    let mut next = acquired + interval;
+    let mut last_error: Option<String> = None;
+
+    let lose = |reason: LossReason| state.send_modify(|s| s.lost = Some(reason));
+
+    // Renew until stopped or lost; then wait for the guard's word.
+    let command = loop {
+        let current = state.borrow().lock.clone();
+        let deadline = current.expires_at;
+        let wake = hold_limit.map_or(next, |(_, at)| next.min(at));
+        tokio::select! {
+            biased;
+            command = &mut stop => break command.ok(),
+            () = sleep_until(alarm(deadline)) => {
+                lose(LossReason::Expired { last_error: last_error.take() });
+                break (&mut stop).await.ok();
+            }
+            () = sleep_until(wake.into()) => {}
+        }
+        if let Some((limit, at)) = hold_limit
+            && Instant::now() >= at
+        {
+            lose(LossReason::MaxHold { limit });
+            break (&mut stop).await.ok();
+        }
+        let attempt = Instant::now();
+        tokio::select! {
+            // The deadline comes before a renewal that lands at the same
+            // moment: the lock is never reported held after `expires_at`.
+            biased;
+            command = &mut stop => break command.ok(),
+            () = sleep_until(alarm(deadline)) => {
+                lose(LossReason::Expired { last_error: last_error.take() });
+                break (&mut stop).await.ok();
+            }
+            renewed = redlock.extend(&current, ttl) => match renewed {
+                Ok(lock) => {
+                    state.send_modify(|s| {
+                        s.lock = lock;
+                        s.renewals += 1;
+                    });
+                    last_error = None;
+                    next = attempt + interval;
+                }
+                Err(Error::NotHeld { .. }) => {
+                    lose(LossReason::TakenOver);
+                    break (&mut stop).await.ok();
+                }
+                Err(e) => {
+                    // No quorum this time. Another round can take up to the
+                    // node timeout: when less validity than that is left,
+                    // report the loss now rather than at the deadline.
+                    let now = Instant::now();
+                    if deadline.saturating_duration_since(now) <= config.node_timeout {
+                        lose(LossReason::Expired { last_error: Some(e.to_string()) });
+                        break (&mut stop).await.ok();
+                    }
+                    last_error = Some(e.to_string());
+                    next = now + config.retry_delay.min(interval);
+                }
+            },
+        }
+    };
+
+    match command {
+        Some(Stop::Forget) => {}
+        // `None`: the guard went away without a word; release as on drop.
+        Some(Stop::Release(reply)) => release(&redlock, &state, reply).await,
+        None => release(&redlock, &state, None).await,
+    }
+}
+
+async fn release(
+    redlock: &Redlock,
+    state: &watch::Sender<State>,
+    reply: Option<oneshot::Sender<Result<usize, Error>>>,
+) {
+    let lock = state.borrow().lock.clone();
+    let released = redlock.unlock(&lock).await;
+    // From now on the guard's watches see the lock as gone.
+    state.send_modify(|s| {
+        if s.lost.is_none() {
+            s.lost = Some(LossReason::Released);
+        }
+        s.lock.expires_at = s.lock.expires_at.min(Instant::now());
+    });
+    if let Some(reply) = reply {
+        let _ = reply.send(released);
+    }
+}
+
+/// The instant to wake up for a deadline: a millisecond early, because Tokio's
+/// timer fires on the first millisecond tick at or after the instant asked
+/// for, and a lock must never be reported held after its deadline.
+pub(crate) fn alarm(deadline: Instant) -> tokio::time::Instant {
+    deadline
+        .checked_sub(Duration::from_millis(1))
+        .unwrap_or(deadline)
+        .into()
+}

@@ -1,0 +1,325 @@
+//! The watchdog: a guard renews while it lives, reports loss, and releases
+//! on every exit path.
+
+mod support;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use futures::FutureExt;
+use redlock_quorum::{Error, LossReason};
+use support::{Cluster, resource};
+
+const TTL: Duration = Duration::from_millis(600);
+
+/// Sets a flag when dropped: proves a user future was dropped.
+struct DropFlag(Arc<AtomicBool>);
+impl Drop for DropFlag {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_guard_keeps_everyone_out_for_four_ttls() {
+    let cluster = Cluster::shared(5);
+    let (a, b) = (cluster.redlock(), cluster.redlock());
+    let res = resource("guard-long");
+    let guard = a.acquire(&res, TTL).await.unwrap();
+    let first_expiry = guard.expires_at();
+    let start = Instant::now();
+    let mut last_expiry = first_expiry;
+    while start.elapsed() < 4 * TTL {
+        let err = b.try_lock(&res, TTL).await.expect_err("held by the guard");
+        assert!(matches!(err, Error::Conflict { .. }), "{err}");
+        assert!(guard.is_held());
+        assert!(guard.expires_at() >= last_expiry);
+        last_expiry = guard.expires_at();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        guard.expires_at() > first_expiry + 2 * TTL,
+        "validity moved forward"
+    );
+    assert!(
+        guard.renewals() >= 8,
+        "renewed every ttl/3: {}",
+        guard.renewals()
+    );
+    assert!(guard.validity() > Duration::ZERO);
+    let token = guard.lock().token().to_owned();
+    assert_eq!(guard.release().await.unwrap(), 5);
+    assert_eq!(cluster.count(&res, &token), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_stops_renewal_and_nothing_recreates_the_key() {
+    let cluster = Cluster::shared(5);
+    let redlock = cluster.redlock();
+    let res = resource("guard-release");
+    // renew very often so that a renewal is likely in flight at release
+    let redlock_fast = cluster
+        .builder()
+        .renew_interval(Duration::from_millis(5))
+        .build()
+        .unwrap();
+    for r in [&redlock, &redlock_fast] {
+        let guard = r.acquire(&res, TTL).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let watch = guard.watch();
+        let released = guard.release().await.unwrap();
+        assert!(released >= 3, "released on {released}");
+        assert!(!watch.is_held());
+        assert_eq!(watch.loss(), Some(LossReason::Released));
+        assert_eq!(cluster.values(&res), vec![None; 5]);
+        // a late renewal must not bring it back
+        tokio::time::sleep(TTL).await;
+        assert_eq!(cluster.values(&res), vec![None; 5], "the key came back");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn losing_three_of_five_nodes_is_reported_before_the_deadline() {
+    let mut cluster = Cluster::start(5);
+    let redlock = cluster.redlock();
+    let res = resource("guard-lost");
+    let guard = redlock.acquire(&res, TTL).await.unwrap();
+    tokio::time::sleep(TTL / 2).await;
+    assert!(guard.is_held());
+    for i in [0, 2, 4] {
+        cluster.node(i).kill();
+    }
+    let deadline = guard.expires_at();
+    let reason = tokio::time::timeout(2 * TTL, guard.lost())
+        .await
+        .expect("lost() resolves");
+    let lost_at = Instant::now();
+    assert!(matches!(reason, LossReason::Expired { .. }), "{reason}");
+    assert!(!guard.is_held());
+    assert_eq!(guard.validity(), Duration::ZERO);
+    // the deadline can have moved if a renewal landed before the kill
+    assert!(
+        lost_at <= guard.expires_at().max(deadline) + Duration::from_millis(5),
+        "lost() fired {:?} after the deadline",
+        lost_at - guard.expires_at().max(deadline)
+    );
+    drop(guard);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_lock_drops_the_work_and_says_so_when_the_lock_is_lost() {
+    let mut cluster = Cluster::start(5);
+    let redlock = cluster.redlock();
+    let res = resource("with-lock-lost");
+    let dropped = Arc::new(AtomicBool::new(false));
+    let flag = dropped.clone();
+    let started = Arc::new(tokio::sync::Notify::new());
+    let started2 = started.clone();
+    let work = tokio::spawn({
+        let redlock = redlock.clone();
+        let res = res.clone();
+        async move {
+            redlock
+                .with_lock(&res, TTL, |_watch| async move {
+                    let _flag = DropFlag(flag);
+                    started2.notify_one();
+                    tokio::time::sleep(Duration::from_secs(30)).await;
+                    "finished"
+                })
+                .await
+        }
+    });
+    started.notified().await;
+    for i in [1, 2, 3] {
+        cluster.node(i).kill();
+    }
+    let result = tokio::time::timeout(3 * TTL, work)
+        .await
+        .expect("returns")
+        .unwrap();
+    match result {
+        Err(Error::LockLost { reason, .. }) => {
+            assert!(matches!(reason, LossReason::Expired { .. }), "{reason}")
+        }
+        other => panic!("expected LockLost, got {other:?}"),
+    }
+    assert!(dropped.load(Ordering::SeqCst), "the work was not dropped");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_paused_nodes_do_not_stall_renewal() {
+    let mut cluster = Cluster::start(5);
+    // A node timeout longer than the ttl: a renewal that waited for a paused
+    // node would lose the lock.
+    let redlock = cluster
+        .builder()
+        .node_timeout(Duration::from_secs(2))
+        .build()
+        .unwrap();
+    let res = resource("guard-paused");
+    let guard = redlock.acquire(&res, TTL).await.unwrap();
+    cluster.node(0).pause();
+    cluster.node(3).pause();
+    let before = guard.renewals();
+    let start = Instant::now();
+    while start.elapsed() < 3 * TTL {
+        assert!(guard.is_held(), "lost while a quorum was up");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        guard.renewals() >= before + 6,
+        "renewals: {}",
+        guard.renewals() - before
+    );
+    cluster.node(0).resume();
+    cluster.node(3).resume();
+    guard.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_takeover_on_a_majority_is_reported_and_the_new_key_is_spared() {
+    let cluster = Cluster::shared(5);
+    let redlock = cluster.redlock();
+    let res = resource("guard-takeover");
+    let guard = redlock.acquire(&res, TTL).await.unwrap();
+    cluster.plant(&[0, 1, 2], &res, "new-holder", Duration::from_secs(30));
+    let reason = tokio::time::timeout(2 * TTL, guard.lost())
+        .await
+        .expect("reported");
+    assert_eq!(reason, LossReason::TakenOver);
+    assert!(!guard.is_held());
+    drop(guard);
+    // the drop's release runs; it must not touch the new holder's keys
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(cluster.count(&res, "new-holder"), 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropping_a_guard_releases_and_forget_leaves_it_to_expire() {
+    let cluster = Cluster::shared(5);
+    let redlock = cluster.redlock();
+    let res = resource("guard-drop");
+    let guard = redlock
+        .acquire(&res, Duration::from_secs(30))
+        .await
+        .unwrap();
+    drop(guard);
+    assert!(
+        cluster.eventually(Duration::from_secs(1), |c| c.values(&res) == vec![None; 5]),
+        "drop did not release"
+    );
+
+    let guard = redlock.acquire(&res, TTL).await.unwrap();
+    let token = guard.lock().token().to_owned();
+    guard.forget();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(cluster.count(&res, &token) >= 3, "forget released the lock");
+    assert!(
+        cluster.eventually(2 * TTL, |c| c.values(&res) == vec![None; 5]),
+        "forgotten lock did not expire (was it still renewed?)"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_lock_releases_on_success_error_and_panic() {
+    let cluster = Cluster::shared(5);
+    let redlock = cluster.redlock();
+    let res = resource("with-lock");
+
+    let value = redlock
+        .with_lock(&res, TTL, |watch| async move {
+            assert!(watch.is_held());
+            42
+        })
+        .await
+        .unwrap();
+    assert_eq!(value, 42);
+    assert_eq!(cluster.values(&res), vec![None; 5], "released on success");
+
+    let value: Result<Result<(), &str>, Error> = redlock
+        .with_lock(&res, TTL, |_| async { Err("the work failed") })
+        .await;
+    assert_eq!(value.unwrap(), Err("the work failed"));
+    assert_eq!(cluster.values(&res), vec![None; 5], "released on error");
+
+    let panicked = std::panic::AssertUnwindSafe(redlock.with_lock(&res, TTL, |_| async {
+        panic!("boom");
+    }))
+    .catch_unwind()
+    .await;
+    let payload = panicked.expect_err("the panic propagates");
+    assert_eq!(payload.downcast_ref::<&str>(), Some(&"boom"));
+    assert!(
+        cluster.eventually(Duration::from_secs(1), |c| c.values(&res) == vec![None; 5]),
+        "released on panic"
+    );
+
+    // cancellation of with_lock itself
+    let cancelled = tokio::time::timeout(
+        Duration::from_millis(100),
+        redlock.with_lock(&res, TTL, |_| tokio::time::sleep(Duration::from_secs(30))),
+    )
+    .await;
+    assert!(cancelled.is_err());
+    assert!(
+        cluster.eventually(Duration::from_secs(1), |c| c.values(&res) == vec![None; 5]),
+        "released on cancellation"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_hold_ends_the_hold_and_reports_it() {
+    let cluster = Cluster::shared(5);
+    let limit = Duration::from_millis(500);
+    let redlock = cluster.builder().max_hold(limit).build().unwrap();
+    let res = resource("max-hold");
+    let start = Instant::now();
+    let result = redlock
+        .with_lock(&res, Duration::from_millis(300), |_| {
+            tokio::time::sleep(Duration::from_secs(30))
+        })
+        .await;
+    match result {
+        Err(Error::LockLost {
+            reason: LossReason::MaxHold { limit: l },
+            ..
+        }) => assert_eq!(l, limit),
+        other => panic!("expected MaxHold, got {other:?}"),
+    }
+    assert!(start.elapsed() >= limit);
+    assert_eq!(cluster.values(&res), vec![None; 5]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renew_interval_that_cannot_work_is_rejected() {
+    let cluster = Cluster::shared(5);
+    let redlock = cluster
+        .builder()
+        .renew_interval(Duration::from_secs(1))
+        .build()
+        .unwrap();
+    let res = resource("bad-interval");
+    let err = redlock
+        .acquire(&res, TTL)
+        .await
+        .expect_err("interval > ttl");
+    assert!(
+        matches!(
+            err,
+            Error::InvalidSetting {
+                setting: "renew_interval",
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert_eq!(cluster.values(&res), vec![None; 5], "nothing was locked");
+}
+
+#[test]
+fn guards_are_send_sync_and_static() {
+    fn check<T: Send + Sync + 'static>() {}
+    check::<redlock_quorum::LockGuard>();
+    check::<redlock_quorum::LockWatch>();
+}
