@@ -84,3 +84,8 @@ pub use crate::redlock::{
     DEFAULT_DRIFT_FACTOR, DEFAULT_NODE_TIMEOUT, DEFAULT_RETRY_COUNT, DEFAULT_RETRY_DELAY,
     DEFAULT_RETRY_JITTER, Redlock, RedlockBuilder,
 };
+
+/// The README's examples, compiled as doctests so that they stay true.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
