@@ -10,7 +10,11 @@ use yaml_rust2::{Yaml, YamlLoader};
 /// does.
 fn field<'a>(service: &'a Yaml, name: &str) -> &'a Yaml {
     let own = &service[name];
-    if own.is_badvalue() { &service["<<"][name] } else { own }
+    if own.is_badvalue() {
+        &service["<<"][name]
+    } else {
+        own
+    }
 }
 
 fn compose() -> Yaml {
@@ -78,12 +82,21 @@ fn compose_has_five_independent_masters_on_loopback() {
     for (host, container, name) in &ports {
         assert_eq!(host, container, "{name}");
         let service = &doc["services"][name.as_str()];
-        assert!(field(service, "healthcheck")["test"].as_vec().is_some(), "{name}: health check");
+        assert!(
+            field(service, "healthcheck")["test"].as_vec().is_some(),
+            "{name}: health check"
+        );
         let text = format!("{service:?}");
-        assert!(!text.contains("replicaof") && !text.contains("slaveof"), "{name}: no replication");
+        assert!(
+            !text.contains("replicaof") && !text.contains("slaveof"),
+            "{name}: no replication"
+        );
         let volumes = field(service, "volumes").as_vec().expect("volumes");
         assert!(
-            volumes.iter().any(|v| v.as_str().unwrap().starts_with("./cluster/redis-node.conf:")),
+            volumes.iter().any(|v| v
+                .as_str()
+                .unwrap()
+                .starts_with("./cluster/redis-node.conf:")),
             "{name} mounts the shared config"
         );
     }
@@ -113,7 +126,11 @@ fn the_shared_config_persists_every_write() {
         .map(str::trim)
         .filter(|l| !l.is_empty() && !l.starts_with('#'))
         .collect();
-    for needed in ["appendonly yes", "appendfsync always", "maxmemory-policy noeviction"] {
+    for needed in [
+        "appendonly yes",
+        "appendfsync always",
+        "maxmemory-policy noeviction",
+    ] {
         assert!(settings.contains(&needed), "missing {needed:?}");
     }
     assert!(!settings.iter().any(|l| l.starts_with("replicaof")));
