@@ -6,6 +6,7 @@
 #![allow(dead_code, unreachable_pub)]
 
 pub mod checker;
+pub mod proxy;
 pub mod server;
 
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -1,0 +1,80 @@
+//! The fault-injecting proxy does what it says, so that the fault tests and
+//! benchmarks that rely on it measure what they claim.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use redis::AsyncCommands;
+use support::RedisServer;
+use support::proxy::{Fault, Proxy};
+
+async fn conn(url: &str) -> redis::aio::MultiplexedConnection {
+    redis::Client::open(url)
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_proxy_forwards_delays_blackholes_drops_and_resets() {
+    let server = RedisServer::start();
+    let proxy = Proxy::to_port(server.port()).await;
+    let mut c = conn(&proxy.url()).await;
+
+    // forwards
+    let _: () = c.set("k", "v").await.unwrap();
+    assert_eq!(c.get::<_, String>("k").await.unwrap(), "v");
+
+    // latency: at least the delay, on every reply
+    proxy.set(Fault::Latency(Duration::from_millis(30)));
+    let t = Instant::now();
+    let _: String = c.get("k").await.unwrap();
+    assert!(t.elapsed() >= Duration::from_millis(30), "{:?}", t.elapsed());
+    proxy.set(Fault::NONE);
+
+    // drop replies: the command runs on the node, the client hears nothing
+    proxy.set(Fault::DropReplies);
+    let r = tokio::time::timeout(Duration::from_millis(200), c.set::<_, _, ()>("dropped", "1")).await;
+    assert!(r.is_err(), "a reply came through");
+    let direct: Option<String> = conn(&server.url()).await.get("dropped").await.unwrap();
+    assert_eq!(direct.as_deref(), Some("1"), "the command ran on the node");
+
+    // blackhole: the command does not even reach the node
+    proxy.set(Fault::Blackhole);
+    let mut fresh = conn_nowait(&proxy.url()).await;
+    let r = tokio::time::timeout(Duration::from_millis(200), c.set::<_, _, ()>("hole", "1")).await;
+    assert!(r.is_err(), "a reply came through the blackhole");
+    let direct: Option<String> = conn(&server.url()).await.get("hole").await.unwrap();
+    assert_eq!(direct, None, "the command reached the node");
+    assert!(fresh.take().is_none(), "a new connection through the blackhole cannot say hello");
+
+    // reset: live and new connections fail fast
+    proxy.set(Fault::Reset);
+    let r = tokio::time::timeout(Duration::from_secs(2), c.get::<_, String>("k")).await;
+    assert!(matches!(r, Ok(Err(_))), "expected a connection error, got {r:?}");
+    let fresh = tokio::time::timeout(
+        Duration::from_secs(2),
+        redis::Client::open(proxy.url()).unwrap().get_multiplexed_async_connection(),
+    )
+    .await;
+    assert!(matches!(fresh, Ok(Err(_))), "a new connection got through the reset");
+
+    // healed
+    proxy.set(Fault::NONE);
+    let mut c = conn(&proxy.url()).await;
+    assert_eq!(c.get::<_, String>("k").await.unwrap(), "v");
+    assert!(proxy.connections() >= 3);
+}
+
+/// Tries to connect through the proxy for 200 ms; `None` if it could not.
+async fn conn_nowait(url: &str) -> Option<redis::aio::MultiplexedConnection> {
+    tokio::time::timeout(
+        Duration::from_millis(200),
+        redis::Client::open(url).unwrap().get_multiplexed_async_connection(),
+    )
+    .await
+    .ok()
+    .and_then(Result::ok)
+}

@@ -1,0 +1,189 @@
+//! A fault-injecting TCP proxy between a client and one Redis node, on tokio.
+//!
+//! Faults apply to live connections at once and to new ones:
+//! - added latency on the replies (each chunk held back by the delay from
+//!   the moment it arrived, so pipelined replies are not delayed twice);
+//! - blackhole: connections are accepted and kept, nothing is forwarded in
+//!   either direction, nothing is answered (a partition);
+//! - drop replies: commands reach the node and run, the replies are thrown
+//!   away (the node applied a write the client never hears of);
+//! - reset: every connection is closed with a TCP reset, new ones too.
+
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, watch};
+use tokio::time::Instant;
+
+/// What the proxy does to the traffic.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// Forward everything, with this much latency added to each reply.
+    Latency(Duration),
+    /// Accept and hold connections, forward nothing, answer nothing.
+    Blackhole,
+    /// Forward commands, throw the replies away.
+    DropReplies,
+    /// Reset every connection, and each new one.
+    Reset,
+}
+
+impl Fault {
+    /// No fault.
+    pub const NONE: Fault = Fault::Latency(Duration::ZERO);
+}
+
+/// A proxy to one upstream address. Stops when dropped.
+#[derive(Debug)]
+pub struct Proxy {
+    addr: SocketAddr,
+    fault: watch::Sender<Fault>,
+    task: tokio::task::JoinHandle<()>,
+    connections: Arc<Mutex<u64>>,
+}
+
+impl Proxy {
+    /// Starts a proxy on a free loopback port in front of `upstream`. Must be
+    /// called inside a Tokio runtime.
+    pub async fn start(upstream: SocketAddr) -> Self {
+        let listener = TcpListener::bind(SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0))
+            .await
+            .expect("bind proxy");
+        let addr = listener.local_addr().expect("proxy addr");
+        let (fault, fault_rx) = watch::channel(Fault::NONE);
+        let connections = Arc::new(Mutex::new(0));
+        let count = connections.clone();
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((client, _)) = listener.accept().await else {
+                    continue;
+                };
+                *count.lock().unwrap() += 1;
+                let fault_rx = fault_rx.clone();
+                tokio::spawn(async move {
+                    let _ = serve(client, upstream, fault_rx).await;
+                });
+            }
+        });
+        Proxy {
+            addr,
+            fault,
+            task,
+            connections,
+        }
+    }
+
+    /// Starts a proxy in front of `redis://127.0.0.1:PORT/`.
+    pub async fn to_port(port: u16) -> Self {
+        Self::start(SocketAddr::from((Ipv4Addr::LOCALHOST, port))).await
+    }
+
+    /// `redis://127.0.0.1:PORT/` of the proxy.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.addr.port())
+    }
+
+    /// Sets the fault; live connections follow at once.
+    pub fn set(&self, fault: Fault) {
+        self.fault.send_replace(fault);
+    }
+
+    /// The fault in force.
+    pub fn fault(&self) -> Fault {
+        *self.fault.borrow()
+    }
+
+    /// Connections accepted so far.
+    pub fn connections(&self) -> u64 {
+        *self.connections.lock().unwrap()
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+fn reset(stream: TcpStream) {
+    // SO_LINGER 0 makes close() send RST instead of FIN.
+    let _ = stream.set_zero_linger();
+    drop(stream);
+}
+
+async fn serve(
+    client: TcpStream,
+    upstream: SocketAddr,
+    mut fault: watch::Receiver<Fault>,
+) -> std::io::Result<()> {
+    let now = *fault.borrow();
+    if now == Fault::Reset {
+        reset(client);
+        return Ok(());
+    }
+    let server = TcpStream::connect(upstream).await?;
+    client.set_nodelay(true)?;
+    server.set_nodelay(true)?;
+    let (mut client_rd, mut client_wr) = client.into_split();
+    let (mut server_rd, mut server_wr) = server.into_split();
+
+    // Replies pass through a queue stamped with their release time, so that
+    // latency is added once per chunk, not accumulated.
+    let (reply_tx, mut reply_rx) = mpsc::unbounded_channel::<(Instant, Vec<u8>)>();
+    let writer = tokio::spawn(async move {
+        while let Some((at, bytes)) = reply_rx.recv().await {
+            tokio::time::sleep_until(at).await;
+            if client_wr.write_all(&bytes).await.is_err() {
+                break;
+            }
+        }
+        client_wr
+    });
+
+    let mut up = [0u8; 16 * 1024];
+    let mut down = [0u8; 16 * 1024];
+    loop {
+        tokio::select! {
+            changed = fault.changed() => {
+                let now = *fault.borrow();
+                if changed.is_err() || now == Fault::Reset {
+                    break;
+                }
+            }
+            n = client_rd.read(&mut up) => {
+                let n = n?;
+                if n == 0 { break; }
+                let now = *fault.borrow();
+                if now != Fault::Blackhole {
+                    server_wr.write_all(&up[..n]).await?;
+                }
+            }
+            n = server_rd.read(&mut down) => {
+                let n = n?;
+                if n == 0 { break; }
+                let now = *fault.borrow();
+                match now {
+                    Fault::Latency(d) => {
+                        let _ = reply_tx.send((Instant::now() + d, down[..n].to_vec()));
+                    }
+                    Fault::Blackhole | Fault::DropReplies | Fault::Reset => {}
+                }
+            }
+        }
+    }
+    drop(reply_tx);
+    // Close both sides with a reset, as a dropped network path or a reset
+    // fault would.
+    if let Ok(client_wr) = writer.await
+        && let Ok(stream) = client_rd.reunite(client_wr)
+    {
+        reset(stream);
+    }
+    if let Ok(stream) = server_rd.reunite(server_wr) {
+        reset(stream);
+    }
+    Ok(())
+}
