@@ -219,17 +219,18 @@ async fn main() {
             let _ = round_tx.send(Some(next_round));
             next_round += 1;
         }
-        if killed.is_empty() && stock.load(Ordering::SeqCst) <= INITIAL_STOCK / 2 {
-            if let Nodes::Owned(servers) = &mut nodes {
-                servers[2].kill();
-                killed.push(urls[2].clone());
-                println!(
-                    "t={:>5} ms  killed node {} with {} items left; locking goes on",
-                    started.elapsed().as_millis(),
-                    urls[2],
-                    stock.load(Ordering::SeqCst)
-                );
-            }
+        if killed.is_empty()
+            && stock.load(Ordering::SeqCst) <= INITIAL_STOCK / 2
+            && let Nodes::Owned(servers) = &mut nodes
+        {
+            servers[2].kill();
+            killed.push(urls[2].clone());
+            println!(
+                "t={:>5} ms  killed node {} with {} items left; locking goes on",
+                started.elapsed().as_millis(),
+                urls[2],
+                stock.load(Ordering::SeqCst)
+            );
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
     }

@@ -31,12 +31,20 @@ async fn the_proxy_forwards_delays_blackholes_drops_and_resets() {
     proxy.set(Fault::Latency(Duration::from_millis(30)));
     let t = Instant::now();
     let _: String = c.get("k").await.unwrap();
-    assert!(t.elapsed() >= Duration::from_millis(30), "{:?}", t.elapsed());
+    assert!(
+        t.elapsed() >= Duration::from_millis(30),
+        "{:?}",
+        t.elapsed()
+    );
     proxy.set(Fault::NONE);
 
     // drop replies: the command runs on the node, the client hears nothing
     proxy.set(Fault::DropReplies);
-    let r = tokio::time::timeout(Duration::from_millis(200), c.set::<_, _, ()>("dropped", "1")).await;
+    let r = tokio::time::timeout(
+        Duration::from_millis(200),
+        c.set::<_, _, ()>("dropped", "1"),
+    )
+    .await;
     assert!(r.is_err(), "a reply came through");
     let direct: Option<String> = conn(&server.url()).await.get("dropped").await.unwrap();
     assert_eq!(direct.as_deref(), Some("1"), "the command ran on the node");
@@ -48,18 +56,29 @@ async fn the_proxy_forwards_delays_blackholes_drops_and_resets() {
     assert!(r.is_err(), "a reply came through the blackhole");
     let direct: Option<String> = conn(&server.url()).await.get("hole").await.unwrap();
     assert_eq!(direct, None, "the command reached the node");
-    assert!(fresh.take().is_none(), "a new connection through the blackhole cannot say hello");
+    assert!(
+        fresh.take().is_none(),
+        "a new connection through the blackhole cannot say hello"
+    );
 
     // reset: live and new connections fail fast
     proxy.set(Fault::Reset);
     let r = tokio::time::timeout(Duration::from_secs(2), c.get::<_, String>("k")).await;
-    assert!(matches!(r, Ok(Err(_))), "expected a connection error, got {r:?}");
+    assert!(
+        matches!(r, Ok(Err(_))),
+        "expected a connection error, got {r:?}"
+    );
     let fresh = tokio::time::timeout(
         Duration::from_secs(2),
-        redis::Client::open(proxy.url()).unwrap().get_multiplexed_async_connection(),
+        redis::Client::open(proxy.url())
+            .unwrap()
+            .get_multiplexed_async_connection(),
     )
     .await;
-    assert!(matches!(fresh, Ok(Err(_))), "a new connection got through the reset");
+    assert!(
+        matches!(fresh, Ok(Err(_))),
+        "a new connection got through the reset"
+    );
 
     // healed
     proxy.set(Fault::NONE);
@@ -72,7 +91,9 @@ async fn the_proxy_forwards_delays_blackholes_drops_and_resets() {
 async fn conn_nowait(url: &str) -> Option<redis::aio::MultiplexedConnection> {
     tokio::time::timeout(
         Duration::from_millis(200),
-        redis::Client::open(url).unwrap().get_multiplexed_async_connection(),
+        redis::Client::open(url)
+            .unwrap()
+            .get_multiplexed_async_connection(),
     )
     .await
     .ok()

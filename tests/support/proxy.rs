@@ -135,7 +135,12 @@ async fn serve(
     let (reply_tx, mut reply_rx) = mpsc::unbounded_channel::<(Instant, Vec<u8>)>();
     let writer = tokio::spawn(async move {
         while let Some((at, bytes)) = reply_rx.recv().await {
-            tokio::time::sleep_until(at).await;
+            // Tokio's timer has millisecond ticks, which would turn a 0.5 ms
+            // delay into 1-2 ms; a blocking-pool sleep is good to ~0.1 ms.
+            let wait = at.saturating_duration_since(Instant::now());
+            if !wait.is_zero() {
+                let _ = tokio::task::spawn_blocking(move || std::thread::sleep(wait)).await;
+            }
             if client_wr.write_all(&bytes).await.is_err() {
                 break;
             }
