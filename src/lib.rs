@@ -81,8 +81,8 @@ pub use crate::guard::{LockGuard, LockWatch, LossReason};
 pub use crate::lock::Lock;
 pub use crate::quorum::MAX_TTL;
 pub use crate::redlock::{
-    DEFAULT_DRIFT_FACTOR, DEFAULT_NODE_TIMEOUT, DEFAULT_RETRY_COUNT, DEFAULT_RETRY_DELAY,
-    DEFAULT_RETRY_JITTER, Redlock, RedlockBuilder,
+    DEFAULT_DRIFT_FACTOR, DEFAULT_NODE_TIMEOUT, DEFAULT_RENEW_CONCURRENCY, DEFAULT_RETRY_COUNT,
+    DEFAULT_RETRY_DELAY, DEFAULT_RETRY_JITTER, Redlock, RedlockBuilder,
 };
 
 /// The README's examples, compiled as doctests so that they stay true.

@@ -19,6 +19,8 @@ pub const DEFAULT_RETRY_DELAY: Duration = Duration::from_millis(200);
 pub const DEFAULT_RETRY_JITTER: Duration = Duration::from_millis(100);
 /// Default bound on each request to one node.
 pub const DEFAULT_NODE_TIMEOUT: Duration = Duration::from_millis(50);
+/// Default bound on renewals in flight at once per manager.
+pub const DEFAULT_RENEW_CONCURRENCY: usize = 256;
 /// Default clock drift factor.
 pub const DEFAULT_DRIFT_FACTOR: f64 = 0.01;
 
@@ -37,6 +39,8 @@ pub struct Redlock {
 pub(crate) struct Inner {
     pub(crate) nodes: Vec<Node>,
     pub(crate) config: Config,
+    /// Admission for the watchdogs' renewals; see `renew_concurrency`.
+    pub(crate) renewals: tokio::sync::Semaphore,
 }
 
 #[derive(Debug, Clone)]
@@ -49,6 +53,7 @@ pub(crate) struct Config {
     pub(crate) key_prefix: String,
     pub(crate) renew_interval: Option<Duration>,
     pub(crate) max_hold: Option<Duration>,
+    pub(crate) renew_concurrency: usize,
 }
 
 /// Configures a [`Redlock`]. Made by [`Redlock::builder`].
@@ -126,6 +131,16 @@ impl RedlockBuilder {
         self
     }
 
+    /// How many [`LockGuard`](crate::LockGuard) renewals of this manager may
+    /// be in flight at once; the others wait their turn (within their
+    /// validity). Thousands of guards renewing in the same instant would
+    /// otherwise queue so many requests that each one times out. Defaults
+    /// to 256; must not be zero.
+    pub fn renew_concurrency(mut self, limit: usize) -> Self {
+        self.config.renew_concurrency = limit;
+        self
+    }
+
     /// Validates the configuration and makes the manager. Connects to
     /// nothing: each node's connection is made on its first use and then
     /// kept, so nodes that are down now are used once they come up.
@@ -151,6 +166,12 @@ impl RedlockBuilder {
                 reason: "must be finite and in [0, 1)",
             });
         }
+        if config.renew_concurrency == 0 {
+            return Err(Error::InvalidSetting {
+                setting: "renew_concurrency",
+                reason: "must be at least 1",
+            });
+        }
         if config.max_hold.is_some_and(|m| m.is_zero()) {
             return Err(Error::InvalidSetting {
                 setting: "max_hold",
@@ -172,8 +193,13 @@ impl RedlockBuilder {
                 .map_err(|source| Error::InvalidNodeAddress { index, source })?;
             nodes.push(node);
         }
+        let renewals = tokio::sync::Semaphore::new(config.renew_concurrency);
         Ok(Redlock {
-            inner: Arc::new(Inner { nodes, config }),
+            inner: Arc::new(Inner {
+                nodes,
+                config,
+                renewals,
+            }),
         })
     }
 }
@@ -201,6 +227,7 @@ impl Redlock {
                 key_prefix: String::new(),
                 renew_interval: None,
                 max_hold: None,
+                renew_concurrency: DEFAULT_RENEW_CONCURRENCY,
             },
         }
     }

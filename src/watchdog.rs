@@ -170,7 +170,16 @@ async fn watchdog(
                 lose(LossReason::Expired { last_error: last_error.take() });
                 break (&mut stop).await.ok();
             }
-            renewed = redlock.extend(&current, ttl) => match renewed {
+            renewed = async {
+                // Admission: at most `renew_concurrency` renewals in flight
+                // per manager. Ten thousand guards renewing in the same
+                // instant would otherwise queue 50,000 requests behind each
+                // other, every one of them time out, and all retry together
+                // (a congestion collapse). The wait counts against the
+                // deadline, which this select still watches.
+                let _permit = redlock.inner.renewals.acquire().await;
+                redlock.extend(&current, ttl).await
+            } => match renewed {
                 Ok(lock) => {
                     state.send_modify(|s| {
                         s.lock = lock;

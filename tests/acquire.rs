@@ -118,24 +118,12 @@ async fn contending_tasks_keep_a_shared_counter_exact() {
 async fn the_checker_catches_a_planted_overlap() {
     // Negative control: the checker used above must be able to fail.
     let checker = Checker::default();
-    let t0 = Instant::now();
-    checker.record("a", "tok-a", t0, t0 + Duration::from_millis(10));
-    checker.record(
-        "b",
-        "tok-b",
-        t0 + Duration::from_millis(10),
-        t0 + Duration::from_millis(20),
-    );
-    assert!(
-        checker.overlaps().is_empty(),
-        "touching windows do not overlap"
-    );
-    checker.record(
-        "c",
-        "tok-c",
-        t0 + Duration::from_millis(15),
-        t0 + Duration::from_millis(30),
-    );
+    let ms = 1_000_000u64;
+    let t0 = support::checker::mono_now();
+    checker.record_mono("a", "tok-a", t0, t0 + 10 * ms);
+    checker.record_mono("b", "tok-b", t0 + 10 * ms, t0 + 20 * ms);
+    assert!(checker.overlaps().is_empty(), "touching windows do not overlap");
+    checker.record_mono("c", "tok-c", t0 + 15 * ms, t0 + 30 * ms);
     let overlaps = checker.overlaps();
     assert_eq!(overlaps.len(), 1);
     assert_eq!(
@@ -290,7 +278,7 @@ async fn a_dropped_lock_future_leaves_no_key_behind() {
     let dropped = tokio::time::timeout(Duration::from_millis(200), attempt).await;
     assert!(dropped.is_err(), "the attempt should still be pending");
     let live_clean = cluster.eventually(Duration::from_secs(2), |c| {
-        c.values(&res)[..2].iter().all(Option::is_none)
+        c.value_on(0, &res).is_none() && c.value_on(1, &res).is_none()
     });
     assert!(
         live_clean,

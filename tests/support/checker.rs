@@ -2,14 +2,41 @@
 //!
 //! Every holder records the window in which it believed it held the lock:
 //! from the instant its acquisition returned to the earlier of its
-//! `expires_at` and the instant it started to release. Windows of different
-//! holders must not overlap; every process here reads the same `Instant`
-//! clock, so the check is exact.
+//! `expires_at` and the instant it started to release. Holders also record
+//! when they enter and leave the critical section. Windows of different
+//! holders must not overlap, and no two holders may be inside the critical
+//! section at once. All processes on this machine read the same
+//! `CLOCK_MONOTONIC`, so holders in other processes report their times in it
+//! (see [`mono`]) and the check stays exact.
 
 use std::sync::Mutex;
 use std::time::Instant;
 
-/// One holder's window.
+/// Nanoseconds on `CLOCK_MONOTONIC`, the clock behind `Instant` on Linux,
+/// comparable across processes.
+pub fn mono_now() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes into the timespec we pass and reads
+    // nothing else.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    assert_eq!(rc, 0, "clock_gettime");
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// An `Instant` on the cross-process monotonic clock.
+pub fn mono(at: Instant) -> u64 {
+    let (now_i, now_m) = (Instant::now(), mono_now());
+    if at <= now_i {
+        now_m - (now_i - at).as_nanos() as u64
+    } else {
+        now_m + (at - now_i).as_nanos() as u64
+    }
+}
+
+/// One holder's window, in monotonic nanoseconds.
 #[derive(Debug, Clone)]
 pub struct Window {
     /// Who held it.
@@ -17,9 +44,9 @@ pub struct Window {
     /// The lock's token.
     pub token: String,
     /// When the acquisition returned.
-    pub granted: Instant,
+    pub granted: u64,
     /// When the holder stopped believing it held the lock.
-    pub ended: Instant,
+    pub ended: u64,
 }
 
 /// Two windows of different holders that overlap.
@@ -31,21 +58,60 @@ pub struct Overlap {
     pub second: Window,
 }
 
-/// Collects windows from many tasks and checks them.
+/// A critical-section entry or exit.
+#[derive(Debug, Clone)]
+struct Section {
+    holder: String,
+    at: u64,
+    enter: bool,
+}
+
+/// Two holders inside the critical section at once.
+#[derive(Debug, Clone)]
+pub struct Interleaving {
+    /// The holder already inside.
+    pub inside: String,
+    /// The holder that entered.
+    pub entered: String,
+    /// When.
+    pub at: u64,
+}
+
+/// Collects windows and critical-section events from many tasks (and, via
+/// [`Checker::ingest`], from other processes) and checks them.
 #[derive(Debug, Default)]
 pub struct Checker {
     windows: Mutex<Vec<Window>>,
+    sections: Mutex<Vec<Section>>,
 }
 
 impl Checker {
-    /// Records a window.
+    /// Records a window given as `Instant`s.
     pub fn record(&self, holder: &str, token: &str, granted: Instant, ended: Instant) {
+        self.record_mono(holder, token, mono(granted), mono(ended));
+    }
+
+    /// Records a window given in monotonic nanoseconds.
+    pub fn record_mono(&self, holder: &str, token: &str, granted: u64, ended: u64) {
         assert!(ended >= granted, "a window cannot end before it begins");
         self.windows.lock().unwrap().push(Window {
             holder: holder.to_owned(),
             token: token.to_owned(),
             granted,
             ended,
+        });
+    }
+
+    /// Records entering (`true`) or leaving the critical section now.
+    pub fn section(&self, holder: &str, enter: bool) {
+        self.section_at(holder, enter, mono_now());
+    }
+
+    fn section_at(&self, holder: &str, enter: bool, at: u64) {
+        self.sections.lock().unwrap().push(Section {
+            holder: holder.to_owned(),
+            at,
+            enter,
         });
     }
 
@@ -74,4 +140,69 @@ impl Checker {
         }
         found
     }
+
+    /// Every entry into the critical section while another holder was in it.
+    pub fn interleavings(&self) -> Vec<Interleaving> {
+        let mut events = self.sections.lock().unwrap().clone();
+        // exits before entries at the same instant
+        events.sort_by_key(|e| (e.at, e.enter));
+        let mut inside: Vec<String> = Vec::new();
+        let mut found = Vec::new();
+        for e in events {
+            if e.enter {
+                if let Some(other) = inside.iter().find(|h| **h != e.holder) {
+                    found.push(Interleaving {
+                        inside: other.clone(),
+                        entered: e.holder.clone(),
+                        at: e.at,
+                    });
+                }
+                inside.push(e.holder);
+            } else if let Some(i) = inside.iter().position(|h| *h == e.holder) {
+                inside.remove(i);
+            }
+        }
+        found
+    }
+
+    /// Violations of either kind.
+    pub fn violations(&self) -> usize {
+        self.overlaps().len() + self.interleavings().len()
+    }
+
+    /// Reads records another process printed with [`line_window`] and
+    /// [`line_section`]; other lines are ignored. Returns how many it read.
+    pub fn ingest(&self, output: &str) -> usize {
+        let mut n = 0;
+        for line in output.lines() {
+            let parts: Vec<&str> = line.split_whitespace().collect();
+            match parts.as_slice() {
+                ["@@W", holder, token, granted, ended] => {
+                    self.record_mono(
+                        holder,
+                        token,
+                        granted.parse().unwrap(),
+                        ended.parse().unwrap(),
+                    );
+                    n += 1;
+                }
+                ["@@S", holder, enter, at] => {
+                    self.section_at(holder, *enter == "1", at.parse().unwrap());
+                    n += 1;
+                }
+                _ => {}
+            }
+        }
+        n
+    }
+}
+
+/// A window as a line for [`Checker::ingest`].
+pub fn line_window(holder: &str, token: &str, granted: u64, ended: u64) -> String {
+    format!("@@W {holder} {token} {granted} {ended}")
+}
+
+/// A critical-section event, now, as a line for [`Checker::ingest`].
+pub fn line_section(holder: &str, enter: bool) -> String {
+    format!("@@S {holder} {} {}", u8::from(enter), mono_now())
 }

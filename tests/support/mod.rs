@@ -8,6 +8,7 @@
 pub mod checker;
 pub mod proxy;
 pub mod server;
+pub mod workload;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -93,15 +94,18 @@ impl Cluster {
 
     /// The value of `key` on every node (`None` where absent or unreachable).
     pub fn values(&self, key: &str) -> Vec<Option<String>> {
-        (0..self.len())
-            .map(|i| {
-                let client = redis::Client::open(self.urls[i].as_str()).ok()?;
-                let mut con = client
-                    .get_connection_with_timeout(Duration::from_millis(500))
-                    .ok()?;
-                con.get::<_, Option<String>>(key).ok().flatten()
-            })
-            .collect()
+        (0..self.len()).map(|i| self.value_on(i, key)).collect()
+    }
+
+    /// The value of `key` on node `i` (`None` where absent or unreachable;
+    /// a paused node costs half a second).
+    pub fn value_on(&self, i: usize, key: &str) -> Option<String> {
+        let client = redis::Client::open(self.urls[i].as_str()).ok()?;
+        let mut con = client
+            .get_connection_with_timeout(Duration::from_millis(500))
+            .ok()?;
+        con.set_read_timeout(Some(Duration::from_millis(500))).ok()?;
+        con.get::<_, Option<String>>(key).ok().flatten()
     }
 
     /// How many nodes hold `key` with `value`.
