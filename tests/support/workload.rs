@@ -110,7 +110,6 @@ pub async fn contend(redlock: Redlock, holder: String, plan: Plan, sink: Sink) -
                     tokio::time::sleep(hold).await;
                 })
                 .await
-                .map(|()| ())
         } else {
             match redlock.lock(&plan.resource, plan.ttl).await {
                 Ok(lock) => {
