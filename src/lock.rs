@@ -43,6 +43,8 @@ pub struct Lock {
     pub(crate) token: String,
     pub(crate) started_at: Instant,
     pub(crate) expires_at: Instant,
+    /// The ttl the keys were set with (for how long a key can outlive us).
+    pub(crate) ttl: Duration,
 }
 
 impl Lock {
@@ -74,6 +76,14 @@ impl Lock {
     /// start of the round + ttl − drift allowance.
     pub fn expires_at(&self) -> Instant {
         self.expires_at
+    }
+
+    /// The latest instant at which a key of this lock can still exist on a
+    /// node whose clock runs at our rate: start of the round + ttl.
+    pub(crate) fn key_expiry(&self) -> Instant {
+        self.started_at
+            .checked_add(self.ttl)
+            .unwrap_or(self.expires_at)
     }
 
     /// Time left until [`expires_at`](Lock::expires_at), zero once it has
@@ -129,6 +139,7 @@ mod tests {
             token: token.clone(),
             started_at: now,
             expires_at: now,
+            ttl: Duration::ZERO,
         };
         let shown = format!("{lock:?}");
         assert!(!shown.contains(&token), "{shown}");

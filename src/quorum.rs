@@ -129,15 +129,21 @@ pub(crate) struct Tally {
     pub(crate) errors: usize,
     /// What each node that did not agree said.
     pub(crate) failures: Vec<NodeFailure>,
+    /// The positions of the nodes that were unreachable or timed out: what
+    /// they hold is unknown.
+    pub(crate) unanswered: Vec<usize>,
     /// When the quorum was reached, if it was.
     pub(crate) quorum_at: Option<Instant>,
 }
 
 impl Tally {
-    fn record(&mut self, node: &Node, cause: NodeError) {
+    fn record(&mut self, index: usize, node: &Node, cause: NodeError) {
         match cause {
             NodeError::Held => self.refused += 1,
-            NodeError::Timeout | NodeError::Unreachable(_) => self.unreachable += 1,
+            NodeError::Timeout | NodeError::Unreachable(_) => {
+                self.unreachable += 1;
+                self.unanswered.push(index);
+            }
             NodeError::Reply(_) | NodeError::UnexpectedReply(_) => self.errors += 1,
         }
         self.failures.push(NodeFailure {
@@ -256,7 +262,7 @@ where
                     tally.quorum_at = Some(Instant::now());
                 }
             }
-            Err(cause) => tally.record(&nodes[index], cause),
+            Err(cause) => tally.record(index, &nodes[index], cause),
         }
         if until == Until::QuorumOrImpossible
             && (tally.granted >= required || nodes.len() - tally.failed() < required)

@@ -352,19 +352,24 @@ impl Redlock {
 
     /// Releases the lock on every node where it still holds our token,
     /// waiting for every node (each bounded by the node timeout). Returns how
-    /// many nodes released it.
+    /// many nodes released it. Nodes that could not be reached are retried
+    /// in the background until the keys would have expired anyway.
     ///
     /// # Errors
     /// [`Error::NotHeld`] when no node held our token (the lock expired, or
-    /// changed hands); [`Error::NoQuorum`] or [`Error::Redis`] when no node
-    /// released it and too few answered to tell.
+    /// changed hands); [`Error::NoQuorum`] or [`Error::Redis`] when so many
+    /// nodes failed or did not answer that the lock may still be in force on
+    /// a quorum of them (it then ends with its ttl).
     ///
     /// # Cancel safety
     /// Dropping the future may leave the keys on nodes that had not been
     /// written to yet; they expire with the lock's ttl.
     pub async fn unlock(&self, lock: &Lock) -> Result<usize, Error> {
-        let tally = release(&self.inner, &lock.key, &lock.token).await;
-        if tally.granted > 0 {
+        let tally = release(&self.inner, &lock.key, &lock.token, lock.key_expiry()).await;
+        // Nodes that failed or did not answer may still hold our key. If
+        // they are a quorum, the lock may still be in force: say so.
+        let maybe_held = tally.unreachable + tally.errors;
+        if tally.granted > 0 && maybe_held < self.quorum() {
             return Ok(tally.granted);
         }
         Err(tally.into_error(&lock.resource, self.node_count(), Refusal::NotHeld))
@@ -388,6 +393,7 @@ impl Redlock {
         // is dropped.
         let mut cleanup = Cleanup {
             inner: Some((inner.clone(), key.clone(), token.clone())),
+            key_expiry: ttl.deadline(Instant::now()) + ttl.drift,
         };
         let mut set = Cmd::new();
         set.arg("SET")
@@ -417,7 +423,7 @@ impl Redlock {
             Err(failed) => {
                 // Release everywhere, the nodes that refused, failed or have
                 // not answered yet included: a late SET may still land.
-                release(inner, &key, &token).await;
+                release(inner, &key, &token, ttl.deadline(start) + ttl.drift).await;
                 cleanup.disarm();
                 Err(failed.into_error(resource, self.node_count(), Refusal::Conflict))
             }
@@ -454,6 +460,7 @@ impl Redlock {
             token: token.to_owned(),
             started_at: start,
             expires_at: ttl.deadline(start),
+            ttl: ttl.duration,
         })
     }
 }
@@ -495,8 +502,17 @@ fn is_retryable(e: &Error) -> bool {
 
 /// Sends the ownership-checked release to every node and waits for all of
 /// them, each bounded by the node timeout.
-pub(crate) async fn release(inner: &Inner, key: &str, token: &str) -> Tally {
-    quorum::round(
+///
+/// Nodes that could not be reached may still hold the key (a SET whose reply
+/// was lost with its connection, say), which would keep others out until it
+/// expires; a background task keeps trying those nodes until `key_expiry`.
+pub(crate) async fn release(
+    inner: &Arc<Inner>,
+    key: &str,
+    token: &str,
+    key_expiry: Instant,
+) -> Tally {
+    let tally = quorum::round(
         &inner.nodes,
         inner.config.node_timeout,
         Until::AllNodes,
@@ -507,13 +523,65 @@ pub(crate) async fn release(inner: &Inner, key: &str, token: &str) -> Tally {
         },
         quorum::accept_script,
     )
-    .await
+    .await;
+    if !tally.unanswered.is_empty() && Instant::now() < key_expiry {
+        tokio::spawn(retry_release(
+            inner.clone(),
+            key.to_owned(),
+            token.to_owned(),
+            tally.unanswered.clone(),
+            key_expiry,
+        ));
+    }
+    tally
+}
+
+/// Retries the release on the given nodes, with a doubling pause (from the
+/// node timeout up to one second), until each answered or the key expired.
+async fn retry_release(
+    inner: Arc<Inner>,
+    key: String,
+    token: String,
+    mut pending: Vec<usize>,
+    key_expiry: Instant,
+) {
+    let node_timeout = inner.config.node_timeout;
+    let mut pause = node_timeout;
+    while !pending.is_empty() {
+        tokio::time::sleep(pause).await;
+        if Instant::now() >= key_expiry {
+            return;
+        }
+        pause = (pause * 2).min(Duration::from_secs(1));
+        let attempts = pending.iter().map(|&i| {
+            let (key, token) = (&key, &token);
+            let node = &inner.nodes[i];
+            async move {
+                let Ok(mut conn) = node.connection() else {
+                    return Some(i);
+                };
+                let mut call = scripts::UNLOCK.key(key);
+                call.arg(token);
+                match tokio::time::timeout(node_timeout, call.invoke_async::<i64>(&mut conn)).await
+                {
+                    Ok(Ok(_)) => None,
+                    _ => Some(i),
+                }
+            }
+        });
+        pending = futures::future::join_all(attempts)
+            .await
+            .into_iter()
+            .flatten()
+            .collect();
+    }
 }
 
 /// Releases an attempt from a spawned task when the attempt's future is
 /// dropped before it was granted or released.
 struct Cleanup {
     inner: Option<(Arc<Inner>, String, String)>,
+    key_expiry: Instant,
 }
 
 impl Cleanup {
@@ -530,9 +598,10 @@ impl Drop for Cleanup {
         // Drop must not block: hand the release to the runtime. Without a
         // runtime (the future was polled on one that is gone) the keys expire
         // with their ttl.
+        let key_expiry = self.key_expiry;
         if let Ok(handle) = tokio::runtime::Handle::try_current() {
             handle.spawn(async move {
-                release(&inner, &key, &token).await;
+                release(&inner, &key, &token, key_expiry).await;
             });
         }
     }

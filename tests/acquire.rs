@@ -122,7 +122,10 @@ async fn the_checker_catches_a_planted_overlap() {
     let t0 = support::checker::mono_now();
     checker.record_mono("a", "tok-a", t0, t0 + 10 * ms);
     checker.record_mono("b", "tok-b", t0 + 10 * ms, t0 + 20 * ms);
-    assert!(checker.overlaps().is_empty(), "touching windows do not overlap");
+    assert!(
+        checker.overlaps().is_empty(),
+        "touching windows do not overlap"
+    );
     checker.record_mono("c", "tok-c", t0 + 15 * ms, t0 + 30 * ms);
     let overlaps = checker.overlaps();
     assert_eq!(overlaps.len(), 1);

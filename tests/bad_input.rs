@@ -195,8 +195,13 @@ async fn a_key_of_another_type_on_a_majority_is_a_typed_error() {
         }
         other => panic!("expected Error::Redis, got {other}"),
     }
-    // unlock releases the two nodes still ours and leaves the lists alone
-    assert_eq!(redlock.unlock(&lock).await.unwrap(), 2);
+    // unlock releases the two nodes still ours, leaves the lists alone, and
+    // says that a majority answered with errors
+    let err = redlock
+        .unlock(&lock)
+        .await
+        .expect_err("errors on a majority");
+    assert!(matches!(err, Error::Redis { .. }), "{err}");
     for i in 0..5 {
         let t: String = redis::cmd("TYPE")
             .arg(&res)

@@ -104,7 +104,8 @@ impl Cluster {
         let mut con = client
             .get_connection_with_timeout(Duration::from_millis(500))
             .ok()?;
-        con.set_read_timeout(Some(Duration::from_millis(500))).ok()?;
+        con.set_read_timeout(Some(Duration::from_millis(500)))
+            .ok()?;
         con.get::<_, Option<String>>(key).ok().flatten()
     }
 

@@ -1,12 +1,17 @@
 //! A fault-injecting TCP proxy between a client and one Redis node, on tokio.
 //!
-//! Faults apply to live connections at once and to new ones:
+//! Faults apply to live connections at once and to new ones, and keep what
+//! TCP promises: bytes are delivered in order or the connection breaks. (A
+//! proxy that silently ate bytes inside a live connection would shift every
+//! later reply onto the wrong request, a fault no real network produces.)
 //! - added latency on the replies (each chunk held back by the delay from
 //!   the moment it arrived, so pipelined replies are not delayed twice);
-//! - blackhole: connections are accepted and kept, nothing is forwarded in
-//!   either direction, nothing is answered (a partition);
-//! - drop replies: commands reach the node and run, the replies are thrown
-//!   away (the node applied a write the client never hears of);
+//! - blackhole: a partition. Connections are accepted and kept, nothing
+//!   moves in either direction; what was sent waits in the socket buffers and
+//!   arrives, late and in order, when the partition heals;
+//! - drop replies: commands reach the node and run, then the connection
+//!   breaks before the reply gets back (the node applied a write the client
+//!   never hears of);
 //! - reset: every connection is closed with a TCP reset, new ones too.
 
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
@@ -23,9 +28,9 @@ use tokio::time::Instant;
 pub enum Fault {
     /// Forward everything, with this much latency added to each reply.
     Latency(Duration),
-    /// Accept and hold connections, forward nothing, answer nothing.
+    /// Accept and hold connections, move nothing until healed.
     Blackhole,
-    /// Forward commands, throw the replies away.
+    /// Forward commands, then break the connection instead of replying.
     DropReplies,
     /// Reset every connection, and each new one.
     Reset,
@@ -151,20 +156,29 @@ async fn serve(
     let mut up = [0u8; 16 * 1024];
     let mut down = [0u8; 16 * 1024];
     loop {
+        let now = *fault.borrow();
+        match now {
+            Fault::Reset => break,
+            // A partition: read nothing, so that nothing moves; the bytes
+            // wait in the socket buffers until the fault changes.
+            Fault::Blackhole => {
+                if fault.changed().await.is_err() {
+                    break;
+                }
+                continue;
+            }
+            Fault::Latency(_) | Fault::DropReplies => {}
+        }
         tokio::select! {
             changed = fault.changed() => {
-                let now = *fault.borrow();
-                if changed.is_err() || now == Fault::Reset {
+                if changed.is_err() {
                     break;
                 }
             }
             n = client_rd.read(&mut up) => {
                 let n = n?;
                 if n == 0 { break; }
-                let now = *fault.borrow();
-                if now != Fault::Blackhole {
-                    server_wr.write_all(&up[..n]).await?;
-                }
+                server_wr.write_all(&up[..n]).await?;
             }
             n = server_rd.read(&mut down) => {
                 let n = n?;
@@ -174,7 +188,8 @@ async fn serve(
                     Fault::Latency(d) => {
                         let _ = reply_tx.send((Instant::now() + d, down[..n].to_vec()));
                     }
-                    Fault::Blackhole | Fault::DropReplies | Fault::Reset => {}
+                    // The command ran; the reply is lost with the connection.
+                    Fault::DropReplies | Fault::Blackhole | Fault::Reset => break,
                 }
             }
         }

@@ -140,7 +140,8 @@ pub async fn contend(redlock: Redlock, holder: String, plan: Plan, sink: Sink) -
             }
             Err(_) => {
                 tally.failures += 1;
-                tokio::time::sleep(Duration::from_millis(rand::rng().random_range(1..=10))).await;
+                let backoff = Duration::from_millis(rand::rng().random_range(1..=10));
+                tokio::time::sleep(backoff).await;
             }
         }
     }

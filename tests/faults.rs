@@ -1,0 +1,765 @@
+//! The fault-injection safety suite: at least eight clients (two of them in
+//! another OS process) contend for one resource while nodes pause, die,
+//! restart, drop off the network, slow down and lose replies. The checker
+//! judges mutual exclusion on one monotonic clock; at the end no key may be
+//! left on any node, and a fresh client must get the lock.
+//!
+//! Each fault runs for `REDLOCK_FAULT_SECS` seconds (default 3); set it
+//! higher for a longer run. Each prints one summary line.
+
+mod support;
+
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rand::RngExt;
+use redlock_quorum::{Error, Redlock};
+use support::checker::{self, Checker};
+use support::proxy::{Fault, Proxy};
+use support::workload::{self, Plan, Sink, Tally};
+use support::{Cluster, resource};
+use tokio::io::{AsyncBufReadExt, BufReader};
+
+const IN_PROCESS: usize = 6;
+const CHILDREN: usize = 2;
+
+fn fault_secs() -> Duration {
+    let secs = std::env::var("REDLOCK_FAULT_SECS")
+        .ok()
+        .and_then(|s| s.parse::<f64>().ok())
+        .unwrap_or(3.0);
+    Duration::from_secs_f64(secs)
+}
+
+/// The child side: this test binary, re-run with `--ignored --exact
+/// child_contender` and a plan in the environment, is a contender in its own
+/// process. It prints its records for the parent's checker.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "run by the fault tests as a separate contender process"]
+async fn child_contender() {
+    let (plan, holder) = workload::plan_from_env().expect("run only by the fault tests");
+    let redlock = builder(&plan.urls).build().unwrap();
+    if std::env::var("REDLOCK_CHILD_ONCE").is_ok() {
+        hold_once(redlock, plan, holder).await;
+        return;
+    }
+    let tally = workload::contend(redlock, holder, plan, Sink::Print).await;
+    println!("@@T {} {}", tally.acquisitions, tally.failures);
+}
+
+fn builder(urls: &[String]) -> redlock_quorum::RedlockBuilder {
+    Redlock::builder(urls.iter().map(String::as_str))
+        .retry_delay(Duration::from_millis(5))
+        .retry_jitter(Duration::from_millis(10))
+}
+
+/// A contender process the test can pause on its own.
+struct Child {
+    child: tokio::process::Child,
+}
+
+impl Child {
+    fn spawn(plan: &Plan, holder: &str, once: bool) -> Self {
+        let mut cmd = tokio::process::Command::new(std::env::current_exe().unwrap());
+        cmd.args([
+            "--ignored",
+            "--exact",
+            "child_contender",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .envs(workload::plan_env(plan, holder))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .kill_on_drop(true);
+        if once {
+            cmd.env("REDLOCK_CHILD_ONCE", "1");
+        }
+        Child {
+            child: cmd.spawn().expect("spawn contender process"),
+        }
+    }
+
+    fn signal(&self, sig: libc::c_int) {
+        let pid = self.child.id().expect("running") as libc::pid_t;
+        // SAFETY: kill(2) on our own child's pid.
+        assert_eq!(unsafe { libc::kill(pid, sig) }, 0);
+    }
+
+    /// Waits for the child and returns what it printed.
+    async fn output(self) -> String {
+        let out = self.child.wait_with_output().await.expect("child output");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+}
+
+/// Runs the workload (in-process tasks and child processes) while `inject`
+/// injects faults; returns the tallies and the number of faults injected.
+async fn run_workload<F: std::future::Future<Output = u64>>(
+    plan: &Plan,
+    checker: &Arc<Checker>,
+    inject: F,
+) -> (Tally, u64) {
+    let children: Vec<Child> = (0..CHILDREN)
+        .map(|i| Child::spawn(plan, &format!("proc-{i}"), false))
+        .collect();
+    let tasks: Vec<_> = (0..IN_PROCESS)
+        .map(|i| {
+            let redlock = builder(&plan.urls).build().unwrap();
+            let (plan, sink) = (plan.clone(), Sink::Checker(checker.clone()));
+            tokio::spawn(workload::contend(redlock, format!("task-{i}"), plan, sink))
+        })
+        .collect();
+    let faults = inject.await;
+    let mut total = Tally::default();
+    for t in tasks {
+        let tally = t.await.expect("contender task");
+        total.acquisitions += tally.acquisitions;
+        total.failures += tally.failures;
+    }
+    for child in children {
+        let out = child.output().await;
+        checker.ingest(&out);
+        assert!(
+            out.contains("@@T "),
+            "a contender process did not finish: {out}"
+        );
+        for line in out.lines() {
+            if let Some(rest) = line.find("@@T ").map(|at| &line[at + 4..]) {
+                let mut it = rest.split_whitespace().map(|x| x.parse::<u64>().unwrap());
+                total.acquisitions += it.next().unwrap();
+                total.failures += it.next().unwrap();
+            }
+        }
+    }
+    (total, faults)
+}
+
+/// After the faults healed: a fresh client gets the lock within `bound`,
+/// and no key is left on any node. Prints the summary line and checks it.
+async fn settle(
+    name: &str,
+    urls: &[String],
+    cluster: &Cluster,
+    plan: &Plan,
+    checker: &Checker,
+    tally: Tally,
+    faults: u64,
+) {
+    let fresh = builder(urls).retry_count(1000).build().unwrap();
+    let start = Instant::now();
+    let bound = plan.ttl * 2 + Duration::from_secs(2);
+    let lock = tokio::time::timeout(bound, fresh.lock(&plan.resource, plan.ttl))
+        .await
+        .unwrap_or_else(|_| panic!("{name}: no fresh acquisition within {bound:?}"))
+        .unwrap_or_else(|e| panic!("{name}: fresh acquisition failed: {e}"));
+    let liveness = start.elapsed();
+    fresh.unlock(&lock).await.unwrap();
+    // late SETs from paused or partitioned nodes are released behind them;
+    // give them a ttl to drain, then count what is left
+    cluster.eventually(plan.ttl + Duration::from_secs(1), |c| {
+        c.values(&plan.resource).iter().all(Option::is_none)
+    });
+    let leaked = cluster
+        .values(&plan.resource)
+        .iter()
+        .filter(|v| v.is_some())
+        .count();
+    let overlaps = checker.overlaps();
+    let interleavings = checker.interleavings();
+    let violations = overlaps.len() + interleavings.len();
+    println!(
+        "fault {name}: acquisitions {}, faults injected {faults}, violations {violations}, keys leaked {leaked}, fresh lock after {:.0} ms",
+        tally.acquisitions,
+        liveness.as_secs_f64() * 1e3
+    );
+    assert!(
+        overlaps.is_empty(),
+        "{name}: overlapping holders {:?}",
+        &overlaps[..overlaps.len().min(3)]
+    );
+    assert!(
+        interleavings.is_empty(),
+        "{name}: interleaved critical sections {interleavings:?}"
+    );
+    assert_eq!(
+        leaked,
+        0,
+        "{name}: keys left {:?}",
+        cluster.values(&plan.resource)
+    );
+    assert!(tally.acquisitions > 0, "{name}: nobody ever got the lock");
+    assert!(faults > 0, "{name}: no fault was injected");
+}
+
+fn plan(
+    urls: Vec<String>,
+    topic: &str,
+    ttl: Duration,
+    hold_ms: (u64, u64),
+    watchdog: bool,
+) -> Plan {
+    Plan {
+        urls,
+        resource: resource(topic),
+        ttl,
+        hold_ms,
+        watchdog,
+        duration: fault_secs(),
+    }
+}
+
+/// Two distinct node indexes out of five.
+fn minority() -> [usize; 2] {
+    let a = rand::rng().random_range(0..5);
+    let b = (a + rand::rng().random_range(1..5)) % 5;
+    [a, b]
+}
+
+/// Faults a random minority of nodes for `on` (`act(minority, true)`), heals
+/// it for `off` (`act(minority, false)`), and again until `end`; returns how
+/// many times.
+async fn minority_cycles(
+    end: Instant,
+    on: Duration,
+    off: Duration,
+    mut act: impl FnMut([usize; 2], bool),
+) -> u64 {
+    let mut n = 0;
+    while Instant::now() < end {
+        let m = minority();
+        act(m, true);
+        n += 1;
+        tokio::time::sleep(on).await;
+        act(m, false);
+        tokio::time::sleep(off).await;
+    }
+    n
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn minority_paused_and_resumed_repeatedly() {
+    let mut cluster = Cluster::start(5);
+    let plan = plan(
+        cluster.urls().to_vec(),
+        "f-pause",
+        Duration::from_millis(500),
+        (1, 10),
+        false,
+    );
+    let checker = Arc::new(Checker::default());
+    let end = Instant::now() + plan.duration;
+    let inject = minority_cycles(
+        end,
+        Duration::from_millis(300),
+        Duration::from_millis(150),
+        |m, on| {
+            for i in m {
+                if on {
+                    cluster.node(i).pause();
+                } else {
+                    cluster.node(i).resume();
+                }
+            }
+        },
+    );
+    let (tally, faults) = run_workload(&plan, &checker, inject).await;
+    settle(
+        "paused minority",
+        cluster.urls(),
+        &cluster,
+        &plan,
+        &checker,
+        tally,
+        faults,
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn minority_killed_and_restarted_after_the_largest_ttl() {
+    let mut cluster = Cluster::start(5);
+    let ttl = Duration::from_millis(400);
+    let plan = plan(cluster.urls().to_vec(), "f-kill", ttl, (1, 10), false);
+    let checker = Arc::new(Checker::default());
+    let end = Instant::now() + plan.duration;
+    // a delayed restart: the nodes rejoin only after every lock they could
+    // have held has expired
+    let inject = minority_cycles(
+        end,
+        ttl + Duration::from_millis(150),
+        Duration::from_millis(100),
+        |m, on| {
+            for i in m {
+                if on {
+                    cluster.node(i).kill();
+                } else {
+                    cluster.node(i).restart();
+                }
+            }
+        },
+    );
+    let (tally, faults) = run_workload(&plan, &checker, inject).await;
+    settle(
+        "killed minority, delayed restart",
+        cluster.urls(),
+        &cluster,
+        &plan,
+        &checker,
+        tally,
+        faults,
+    )
+    .await;
+}
+
+async fn proxies(cluster: &mut Cluster) -> Vec<Proxy> {
+    let mut out = Vec::new();
+    for i in 0..cluster.len() {
+        out.push(Proxy::to_port(cluster.node(i).port()).await);
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn partitions_move_between_minorities_then_heal() {
+    let mut cluster = Cluster::start(5);
+    let proxies = proxies(&mut cluster).await;
+    let urls: Vec<String> = proxies.iter().map(Proxy::url).collect();
+    let plan = plan(
+        urls.clone(),
+        "f-partition",
+        Duration::from_millis(500),
+        (1, 10),
+        false,
+    );
+    let checker = Arc::new(Checker::default());
+    let end = Instant::now() + plan.duration;
+    let inject = async {
+        let mut n = 0;
+        while Instant::now() < end {
+            // one minority cut off, then a different one, then healed
+            let first = minority();
+            let second = [(first[0] + 2) % 5, (first[1] + 2) % 5];
+            for side in [first, second] {
+                for p in &proxies {
+                    p.set(Fault::NONE);
+                }
+                for i in side {
+                    proxies[i].set(Fault::Blackhole);
+                }
+                n += 1;
+                tokio::time::sleep(Duration::from_millis(300)).await;
+            }
+            for p in &proxies {
+                p.set(Fault::NONE);
+            }
+            tokio::time::sleep(Duration::from_millis(150)).await;
+        }
+        n
+    };
+    let (tally, faults) = run_workload(&plan, &checker, inject).await;
+    settle(
+        "moving partitions",
+        &urls,
+        &cluster,
+        &plan,
+        &checker,
+        tally,
+        faults,
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn latency_spikes_on_a_minority_with_short_ttls() {
+    let mut cluster = Cluster::start(5);
+    let proxies = proxies(&mut cluster).await;
+    let urls: Vec<String> = proxies.iter().map(Proxy::url).collect();
+    let plan = plan(
+        urls.clone(),
+        "f-latency",
+        Duration::from_millis(120),
+        (1, 5),
+        false,
+    );
+    let checker = Arc::new(Checker::default());
+    let end = Instant::now() + plan.duration;
+    let (on, off) = (Duration::from_millis(200), Duration::from_millis(50));
+    let inject = minority_cycles(end, on, off, |m, on| {
+        for i in m {
+            let spike = Duration::from_millis(rand::rng().random_range(10..=60));
+            proxies[i].set(if on {
+                Fault::Latency(spike)
+            } else {
+                Fault::NONE
+            });
+        }
+    });
+    let (tally, faults) = run_workload(&plan, &checker, inject).await;
+    settle(
+        "latency spikes",
+        &urls,
+        &cluster,
+        &plan,
+        &checker,
+        tally,
+        faults,
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_set_whose_reply_is_lost_is_cleaned_up_by_the_failure_path() {
+    let mut cluster = Cluster::start(5);
+    let proxies = proxies(&mut cluster).await;
+    let urls: Vec<String> = proxies.iter().map(Proxy::url).collect();
+    let redlock = builder(&urls).build().unwrap();
+    let warm = redlock
+        .try_lock(&resource("warm"), Duration::from_secs(5))
+        .await
+        .unwrap();
+    redlock.unlock(&warm).await.unwrap();
+
+    // A majority applies the SET but its reply never arrives: the attempt
+    // times out there, fails, and must release what the nodes applied. The
+    // ttl is long, so only the release can explain a missing key.
+    let res = resource("f-lost-reply");
+    for p in &proxies[..3] {
+        p.set(Fault::DropReplies);
+    }
+    let err = redlock
+        .try_lock(&res, Duration::from_secs(60))
+        .await
+        .expect_err("no replies");
+    assert!(matches!(err, Error::NoQuorum { .. }), "{err}");
+    // The connection broke after each SET ran, and so does every new one
+    // while the fault lasts: the release cannot get through yet, and the
+    // keys would block the resource for the whole minute.
+    let held: usize = (0..3)
+        .filter(|&i| cluster.value_on(i, &res).is_some())
+        .count();
+    for p in &proxies[..3] {
+        p.set(Fault::NONE);
+    }
+    // Once the network heals, the failure path's background retry releases
+    // them, long before their ttl.
+    let clean = cluster.eventually(Duration::from_secs(3), |c| c.values(&res) == vec![None; 5]);
+    let leaked = cluster.values(&res).iter().filter(|v| v.is_some()).count();
+    println!(
+        "fault lost replies (majority): acquisitions 0, faults injected 3, SETs applied without a reply {held}, violations 0, keys leaked {leaked}"
+    );
+    assert!(held > 0, "the fault did not apply any SET");
+    assert!(
+        clean,
+        "applied SETs were not released: {:?}",
+        cluster.values(&res)
+    );
+
+    // Replies lost on a minority during a contended workload.
+    for p in &proxies {
+        p.set(Fault::NONE);
+    }
+    let plan = plan(
+        urls.clone(),
+        "f-lost-reply-load",
+        Duration::from_millis(500),
+        (1, 10),
+        false,
+    );
+    let checker = Arc::new(Checker::default());
+    let end = Instant::now() + plan.duration;
+    let (on, off) = (Duration::from_millis(250), Duration::from_millis(100));
+    let inject = minority_cycles(end, on, off, |m, on| {
+        for i in m {
+            proxies[i].set(if on { Fault::DropReplies } else { Fault::NONE });
+        }
+    });
+    let (tally, faults) = run_workload(&plan, &checker, inject).await;
+    settle(
+        "lost replies on a minority",
+        &urls,
+        &cluster,
+        &plan,
+        &checker,
+        tally,
+        faults,
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn script_flush_and_a_node_restart_during_watchdog_holds() {
+    let mut cluster = Cluster::start(5);
+    // holds longer than the ttl: only renewal keeps them
+    let ttl = Duration::from_millis(300);
+    let plan = plan(cluster.urls().to_vec(), "f-flush", ttl, (350, 700), true);
+    let checker = Arc::new(Checker::default());
+    let end = Instant::now() + plan.duration;
+    let inject = async {
+        let mut n = 0;
+        let mut restarted = false;
+        while Instant::now() < end {
+            for i in 0..5 {
+                if cluster.node(i).is_running() {
+                    let _: Result<(), _> = redis::cmd("SCRIPT")
+                        .arg("FLUSH")
+                        .query(&mut cluster.conn(i));
+                }
+            }
+            n += 1;
+            if !restarted && n > 3 {
+                let i = rand::rng().random_range(0..5);
+                cluster.node(i).kill();
+                tokio::time::sleep(ttl + Duration::from_millis(100)).await;
+                cluster.node(i).restart();
+                restarted = true;
+                n += 1;
+            }
+            tokio::time::sleep(Duration::from_millis(120)).await;
+        }
+        n
+    };
+    let (tally, faults) = run_workload(&plan, &checker, inject).await;
+    settle(
+        "script flush + restart (watchdog)",
+        cluster.urls(),
+        &cluster,
+        &plan,
+        &checker,
+        tally,
+        faults,
+    )
+    .await;
+}
+
+/// The child side of `a_paused_holder_outlives_its_lock`: take the lock once,
+/// announce it, work (during which the parent pauses this process), then
+/// try to write with a fencing token.
+async fn hold_once(redlock: Redlock, plan: Plan, holder: String) {
+    let lock = redlock
+        .lock(&plan.resource, plan.ttl)
+        .await
+        .expect("child lock");
+    let granted = Instant::now();
+    let fence = fencing_token(&plan.urls[0], &plan.resource);
+    println!("{}", checker::line_section(&holder, true));
+    println!("@@GRANTED {fence}");
+    // the parent stops this process somewhere in here
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let accepted = fenced_write(&plan.urls[0], &plan.resource, fence, &holder);
+    println!("{}", checker::line_section(&holder, false));
+    let ended = Instant::now().min(lock.expires_at()).max(granted);
+    println!(
+        "{}",
+        checker::line_window(
+            &holder,
+            lock.token(),
+            checker::mono(granted),
+            checker::mono(ended)
+        )
+    );
+    println!("@@WRITE {}", u8::from(accepted));
+}
+
+/// A fencing token: a number that grows with every grant. It must come from a
+/// linearizable source; this test uses one counter on one node, which is
+/// enough to show what the token does (Redlock itself offers no such number).
+fn fencing_token(url: &str, resource: &str) -> u64 {
+    let mut con = redis::Client::open(url).unwrap().get_connection().unwrap();
+    redis::cmd("INCR")
+        .arg(format!("{resource}:fence"))
+        .query(&mut con)
+        .unwrap()
+}
+
+/// The protected resource: accepts a write only with a fencing token at
+/// least as high as any it has seen.
+fn fenced_write(url: &str, resource: &str, fence: u64, writer: &str) -> bool {
+    let mut con = redis::Client::open(url).unwrap().get_connection().unwrap();
+    let script = redis::Script::new(
+        r#"local seen = tonumber(redis.call("get", KEYS[1]) or "0")
+if tonumber(ARGV[1]) < seen then return 0 end
+redis.call("set", KEYS[1], ARGV[1])
+redis.call("rpush", KEYS[2], ARGV[2])
+return 1"#,
+    );
+    let accepted: i64 = script
+        .key(format!("{resource}:seen"))
+        .key(format!("{resource}:writes"))
+        .arg(fence)
+        .arg(writer)
+        .invoke(&mut con)
+        .unwrap();
+    accepted == 1
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_holder_outlives_its_lock_and_only_a_fencing_token_stops_its_write() {
+    let cluster = Cluster::start(5);
+    let ttl = Duration::from_millis(300);
+    let plan = plan(
+        cluster.urls().to_vec(),
+        "f-paused-holder",
+        ttl,
+        (1, 1),
+        false,
+    );
+    let checker = Checker::default();
+    let mut child = Child::spawn(&plan, "paused-holder", true);
+    let stdout = child.child.stdout.take().unwrap();
+    let mut lines = BufReader::new(stdout).lines();
+    let mut out = String::new();
+    loop {
+        let line = lines
+            .next_line()
+            .await
+            .unwrap()
+            .expect("child ended before the lock");
+        out.push_str(&line);
+        out.push('\n');
+        if line.contains("@@GRANTED") {
+            break;
+        }
+    }
+    // The holder stops (a GC pause, a stalled VM) for longer than its ttl.
+    child.signal(libc::SIGSTOP);
+    let redlock = builder(cluster.urls()).retry_count(200).build().unwrap();
+    let lock = redlock
+        .lock(&plan.resource, Duration::from_secs(5))
+        .await
+        .expect("after expiry");
+    let granted = Instant::now();
+    checker.section("second-holder", true);
+    let fence = fencing_token(cluster.urls().first().unwrap(), &plan.resource);
+    assert!(fenced_write(
+        &cluster.urls()[0],
+        &plan.resource,
+        fence,
+        "second-holder"
+    ));
+    // The paused holder wakes up while the second one still works.
+    child.signal(libc::SIGCONT);
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    checker.section("second-holder", false);
+    checker.record("second-holder", lock.token(), granted, Instant::now());
+    redlock.unlock(&lock).await.unwrap();
+    while let Some(line) = lines.next_line().await.unwrap() {
+        out.push_str(&line);
+        out.push('\n');
+    }
+    let _ = child.child.wait().await;
+    checker.ingest(&out);
+
+    // The lock did its part: the paused holder's validity window closed
+    // before the second holder's began.
+    assert!(checker.overlaps().is_empty(), "{:?}", checker.overlaps());
+    // But the paused holder's critical section ran on into the second
+    // holder's: no lock with an expiry can prevent that.
+    let interleavings = checker.interleavings();
+    assert!(
+        !interleavings.is_empty(),
+        "the paused holder should have overlapped: {out}"
+    );
+    // Only the fencing token stopped its late write.
+    assert!(
+        out.contains("@@WRITE 0"),
+        "the stale write was accepted: {out}"
+    );
+    let writes: Vec<String> = redis::cmd("LRANGE")
+        .arg(format!("{}:writes", plan.resource))
+        .arg(0)
+        .arg(-1)
+        .query(&mut cluster.conn(0))
+        .unwrap();
+    assert_eq!(writes, ["second-holder"]);
+    println!(
+        "fault paused holder: acquisitions 2, faults injected 1, violations 0 (lock windows), critical-section overlaps {} (expected: the limit of any lease), stale writes accepted 0",
+        interleavings.len()
+    );
+}
+
+// ------------------------------------------------------ negative controls
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn control_an_immediate_restart_without_persistence_lets_a_second_holder_in() {
+    // Three nodes, quorum 2. The first holder gets exactly two of them; one
+    // of those restarts at once, empty; the second holder gets a majority of
+    // nodes that do not know the first lock. The checker must see it.
+    let mut cluster = Cluster::start(3);
+    let checker = Checker::default();
+    let res = resource("control-restart");
+    let ttl = Duration::from_secs(10);
+    cluster.node(2).kill();
+    let a = builder(cluster.urls()).build().unwrap();
+    let first = a.try_lock(&res, ttl).await.expect("2 of 3");
+    let first_granted = Instant::now();
+    cluster.node(2).restart();
+    cluster.node(1).restart(); // immediately, no persistence: forgets the lock
+    let b = builder(cluster.urls()).retry_count(50).build().unwrap();
+    let second = b
+        .lock(&res, ttl)
+        .await
+        .expect("the forgotten lock lets b in");
+    let second_granted = Instant::now();
+    checker.record("a", first.token(), first_granted, first.expires_at());
+    checker.record("b", second.token(), second_granted, second.expires_at());
+    let overlaps = checker.overlaps();
+    println!(
+        "control immediate restart: violations detected {}",
+        overlaps.len()
+    );
+    assert_eq!(overlaps.len(), 1, "the checker missed a planted violation");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn control_a_bare_del_release_lets_two_holders_interleave() {
+    // A test-only client that releases with a bare DEL (the mistake the
+    // token-checked script exists to prevent). Its lock expires while it
+    // works; b takes over; a's DEL then deletes b's key and c walks in
+    // while b is still inside.
+    let cluster = Cluster::start(5);
+    let checker = Checker::default();
+    let res = resource("control-del");
+    let a = builder(cluster.urls()).build().unwrap();
+    let b = builder(cluster.urls()).retry_count(100).build().unwrap();
+    let c = builder(cluster.urls()).retry_count(100).build().unwrap();
+
+    let lock_a = a.try_lock(&res, Duration::from_millis(200)).await.unwrap();
+    checker.section("a", true);
+    tokio::time::sleep(Duration::from_millis(300)).await; // outlives its ttl
+    checker.section("a", false);
+    let lock_b = b.lock(&res, Duration::from_secs(10)).await.unwrap();
+    checker.section("b", true);
+    for i in 0..5 {
+        let _: () = redis::cmd("DEL")
+            .arg(&res)
+            .query(&mut cluster.conn(i))
+            .unwrap(); // a's "release"
+    }
+    let lock_c = c
+        .lock(&res, Duration::from_secs(10))
+        .await
+        .expect("the DEL freed b's lock");
+    checker.section("c", true);
+    checker.section("c", false);
+    checker.section("b", false);
+    let _ = (lock_a, lock_b, lock_c);
+    let interleavings = checker.interleavings();
+    println!(
+        "control bare DEL: violations detected {}",
+        interleavings.len()
+    );
+    assert_eq!(
+        interleavings.len(),
+        1,
+        "the checker missed a planted interleaving"
+    );
+    assert_eq!(
+        (
+            interleavings[0].inside.as_str(),
+            interleavings[0].entered.as_str()
+        ),
+        ("b", "c")
+    );
+}
