@@ -814,6 +814,12 @@ fn chart(report: &Report, path: &std::path::Path) -> Result<(), Box<dyn std::err
             .y_label_area_size(45)
             .build_cartesian_2d((min_x * 0.9..max_x * 1.1).log_scale(), 0f64..1f64)?;
         ctx.configure_mesh()
+            .x_labels(8)
+            .x_label_formatter(&|x| {
+                let t = format!("{x:.2}");
+                t.trim_end_matches('0').trim_end_matches('.').to_owned()
+            })
+            .light_line_style(WHITE)
             .x_desc("ms (log)")
             .y_desc("fraction")
             .draw()?;
@@ -829,6 +835,7 @@ fn chart(report: &Report, path: &std::path::Path) -> Result<(), Box<dyn std::err
             });
         }
         ctx.configure_series_labels()
+            .position(SeriesLabelPosition::LowerRight)
             .border_style(BLACK)
             .background_style(WHITE.mix(0.8))
             .draw()?;
