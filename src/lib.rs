@@ -28,6 +28,11 @@
 //! # }
 //! ```
 //!
+//! For work that may outlast a fixed ttl, [`Redlock::acquire`] returns a
+//! [`LockGuard`] that renews the lock in the background, and
+//! [`Redlock::with_lock`] runs a future under such a guard and cancels it
+//! when the lock is lost.
+//!
 //! # The algorithm
 //! - Acquire: one `SET key token NX PX ttl` per node, sent to all nodes at
 //!   once; the round is timed on the monotonic clock from before the first
