@@ -27,7 +27,9 @@ pub const DEFAULT_DRIFT_FACTOR: f64 = 0.01;
 /// A distributed lock manager over N independent Redis masters.
 ///
 /// Cheap to clone (an `Arc` inside); clones share one long-lived,
-/// multiplexed, reconnecting connection per node, made on first use.
+/// multiplexed, reconnecting connection per node, made on first use. The
+/// connections (and the watchdogs of [`LockGuard`](crate::LockGuard)s) run
+/// on the Tokio runtime that first used them: use one manager per runtime.
 ///
 /// See the [crate documentation](crate) for the algorithm and its limits.
 #[derive(Clone, Debug)]
