@@ -58,7 +58,10 @@
 //!   (the drift factor), not that they agree on the time.
 //!
 //! # Layout
-//! - `redlock`: the [`Redlock`] manager and its [`RedlockBuilder`].
+//! - `redlock`: the [`Redlock`] manager: acquire, extend, unlock.
+//! - `builder`: the [`RedlockBuilder`], its settings and defaults.
+//! - `release`: the release round, its background retry, and the cleanup of
+//!   cancelled attempts.
 //! - `lock`: the [`Lock`] handle and its token.
 //! - `quorum`: the quorum rule, validity arithmetic, retry delay and the
 //!   parallel round itself.
@@ -72,23 +75,26 @@
 #![deny(missing_docs, missing_debug_implementations)]
 #![warn(rust_2018_idioms, unreachable_pub)]
 
+mod builder;
 mod error;
 mod guard;
 mod lock;
 mod node;
 mod quorum;
 mod redlock;
+mod release;
 mod scripts;
 mod watchdog;
 
+pub use crate::builder::{
+    DEFAULT_DRIFT_FACTOR, DEFAULT_NODE_TIMEOUT, DEFAULT_RENEW_CONCURRENCY, DEFAULT_RETRY_COUNT,
+    DEFAULT_RETRY_DELAY, DEFAULT_RETRY_JITTER, RedlockBuilder,
+};
 pub use crate::error::{Error, NodeError, NodeFailure};
 pub use crate::guard::{LockGuard, LockWatch, LossReason};
 pub use crate::lock::Lock;
 pub use crate::quorum::MAX_TTL;
-pub use crate::redlock::{
-    DEFAULT_DRIFT_FACTOR, DEFAULT_NODE_TIMEOUT, DEFAULT_RENEW_CONCURRENCY, DEFAULT_RETRY_COUNT,
-    DEFAULT_RETRY_DELAY, DEFAULT_RETRY_JITTER, Redlock, RedlockBuilder,
-};
+pub use crate::redlock::Redlock;
 
 /// The README's examples, compiled as doctests so that they stay true.
 #[cfg(doctest)]

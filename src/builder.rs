@@ -1,0 +1,209 @@
+//! The builder of a `Redlock`: its settings, their defaults and their
+//! validation.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis::{IntoConnectionInfo, RedisError};
+
+use crate::error::Error;
+use crate::node::{Node, label};
+use crate::redlock::{Inner, Redlock};
+
+/// Default number of retries after the first attempt.
+pub const DEFAULT_RETRY_COUNT: u32 = 10;
+/// Default pause between attempts.
+pub const DEFAULT_RETRY_DELAY: Duration = Duration::from_millis(200);
+/// Default upper bound of the random jitter added to the pause.
+pub const DEFAULT_RETRY_JITTER: Duration = Duration::from_millis(100);
+/// Default bound on each request to one node.
+pub const DEFAULT_NODE_TIMEOUT: Duration = Duration::from_millis(50);
+/// Default bound on renewals in flight at once per manager.
+pub const DEFAULT_RENEW_CONCURRENCY: usize = 256;
+/// Default clock drift factor.
+pub const DEFAULT_DRIFT_FACTOR: f64 = 0.01;
+
+#[derive(Debug, Clone)]
+pub(crate) struct Config {
+    pub(crate) retry_count: u32,
+    pub(crate) retry_delay: Duration,
+    pub(crate) retry_jitter: Duration,
+    pub(crate) node_timeout: Duration,
+    pub(crate) drift_factor: f64,
+    pub(crate) key_prefix: String,
+    pub(crate) renew_interval: Option<Duration>,
+    pub(crate) max_hold: Option<Duration>,
+    pub(crate) renew_concurrency: usize,
+}
+
+/// Configures a [`Redlock`]. Made by [`Redlock::builder`].
+#[derive(Debug)]
+#[must_use = "a builder does nothing until `build` is called"]
+pub struct RedlockBuilder {
+    nodes: Vec<Result<redis::ConnectionInfo, RedisError>>,
+    config: Config,
+}
+
+impl RedlockBuilder {
+    pub(crate) fn new<I>(nodes: I) -> Self
+    where
+        I: IntoIterator,
+        I::Item: IntoConnectionInfo,
+    {
+        RedlockBuilder {
+            nodes: nodes
+                .into_iter()
+                .map(IntoConnectionInfo::into_connection_info)
+                .collect(),
+            config: Config {
+                retry_count: DEFAULT_RETRY_COUNT,
+                retry_delay: DEFAULT_RETRY_DELAY,
+                retry_jitter: DEFAULT_RETRY_JITTER,
+                node_timeout: DEFAULT_NODE_TIMEOUT,
+                drift_factor: DEFAULT_DRIFT_FACTOR,
+                key_prefix: String::new(),
+                renew_interval: None,
+                max_hold: None,
+                renew_concurrency: DEFAULT_RENEW_CONCURRENCY,
+            },
+        }
+    }
+
+    /// Retries after the first attempt in [`Redlock::lock`]. Defaults to 10.
+    pub fn retry_count(mut self, retries: u32) -> Self {
+        self.config.retry_count = retries;
+        self
+    }
+
+    /// The pause between attempts. Defaults to 200 ms.
+    pub fn retry_delay(mut self, delay: Duration) -> Self {
+        self.config.retry_delay = delay;
+        self
+    }
+
+    /// The upper bound of a random jitter added to each pause, so that
+    /// clients that failed together do not retry together. Defaults to
+    /// 100 ms.
+    pub fn retry_jitter(mut self, jitter: Duration) -> Self {
+        self.config.retry_jitter = jitter;
+        self
+    }
+
+    /// The bound on each request to one node (connecting included). A node
+    /// that does not answer within it counts as failed for that round. Keep
+    /// it well under the ttls you use. Defaults to 50 ms; must not be zero.
+    pub fn node_timeout(mut self, timeout: Duration) -> Self {
+        self.config.node_timeout = timeout;
+        self
+    }
+
+    /// The clock drift factor: the validity of a lock is reduced by
+    /// `ttl × drift_factor + 2 ms` to allow for nodes whose clocks run
+    /// faster than ours. Defaults to 0.01; must be finite and in `[0, 1)`.
+    pub fn drift_factor(mut self, factor: f64) -> Self {
+        self.config.drift_factor = factor;
+        self
+    }
+
+    /// A prefix put before every resource name to form the Redis key.
+    /// Defaults to none: the key is the resource name, as in the reference
+    /// Redlock clients of other languages, so a mixed fleet excludes each
+    /// other on the same keys.
+    pub fn key_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.config.key_prefix = prefix.into();
+        self
+    }
+
+    /// How often a [`LockGuard`](crate::LockGuard) renews its lock. Defaults
+    /// to a third of the lock's ttl, which leaves two more chances to renew
+    /// before the lock expires. Must be shorter than the ttl minus the drift
+    /// allowance of each lock acquired with [`Redlock::acquire`]; a failed
+    /// renewal is retried after `retry_delay` (or the interval, if shorter).
+    pub fn renew_interval(mut self, interval: Duration) -> Self {
+        self.config.renew_interval = Some(interval);
+        self
+    }
+
+    /// The longest a [`LockGuard`](crate::LockGuard) keeps renewing. After
+    /// it, renewal stops and the guard reports the lock lost
+    /// ([`LossReason::MaxHold`](crate::LossReason::MaxHold)), so that a
+    /// holder stuck in a loop cannot keep a resource forever; the Redlock
+    /// spec asks for such a limit to keep the system live. Defaults to no
+    /// limit.
+    pub fn max_hold(mut self, limit: Duration) -> Self {
+        self.config.max_hold = Some(limit);
+        self
+    }
+
+    /// How many [`LockGuard`](crate::LockGuard) renewals of this manager may
+    /// be in flight at once; the others wait their turn (within their
+    /// validity). Thousands of guards renewing in the same instant would
+    /// otherwise queue so many requests that each one times out. Defaults
+    /// to 256; must not be zero.
+    pub fn renew_concurrency(mut self, limit: usize) -> Self {
+        self.config.renew_concurrency = limit;
+        self
+    }
+
+    /// Validates the configuration and makes the manager. Connects to
+    /// nothing: each node's connection is made on its first use and then
+    /// kept, so nodes that are down now are used once they come up.
+    ///
+    /// # Errors
+    /// [`Error::EmptyNodeList`], [`Error::InvalidNodeAddress`],
+    /// [`Error::DuplicateNode`], or [`Error::InvalidSetting`] naming the
+    /// setting.
+    pub fn build(self) -> Result<Redlock, Error> {
+        let config = self.config;
+        if self.nodes.is_empty() {
+            return Err(Error::EmptyNodeList);
+        }
+        if config.node_timeout.is_zero() {
+            return Err(Error::InvalidSetting {
+                setting: "node_timeout",
+                reason: "must be longer than zero",
+            });
+        }
+        if !config.drift_factor.is_finite() || !(0.0..1.0).contains(&config.drift_factor) {
+            return Err(Error::InvalidSetting {
+                setting: "drift_factor",
+                reason: "must be finite and in [0, 1)",
+            });
+        }
+        if config.renew_concurrency == 0 {
+            return Err(Error::InvalidSetting {
+                setting: "renew_concurrency",
+                reason: "must be at least 1",
+            });
+        }
+        if config.max_hold.is_some_and(|m| m.is_zero()) {
+            return Err(Error::InvalidSetting {
+                setting: "max_hold",
+                reason: "must be longer than zero",
+            });
+        }
+        let mut nodes: Vec<Node> = Vec::with_capacity(self.nodes.len());
+        for (index, info) in self.nodes.into_iter().enumerate() {
+            let info = info.map_err(|source| Error::InvalidNodeAddress { index, source })?;
+            let name = label(&info);
+            if let Some(first) = nodes.iter().position(|n| n.label() == name) {
+                return Err(Error::DuplicateNode {
+                    index,
+                    first,
+                    node: name,
+                });
+            }
+            let node = Node::new(info, config.node_timeout)
+                .map_err(|source| Error::InvalidNodeAddress { index, source })?;
+            nodes.push(node);
+        }
+        let renewals = tokio::sync::Semaphore::new(config.renew_concurrency);
+        Ok(Redlock {
+            inner: Arc::new(Inner {
+                nodes,
+                config,
+                renewals,
+            }),
+        })
+    }
+}
