@@ -48,8 +48,9 @@
 //! - A holder that pauses (GC, swapping, a stopped VM) past its validity
 //!   still believes it holds the lock while another client already does.
 //!   Check [`Lock::validity`] before each step that needs the lock, and make
-//!   the protected resource reject stale writers (a fencing token, a version
-//!   check) where correctness depends on it.
+//!   the protected resource reject stale writers where correctness depends
+//!   on it: [`Redlock::fencing_token`] gives a number that grows with every
+//!   holder, for the resource to compare.
 //! - A node that restarts without persistence forgets the keys it held; if
 //!   it rejoins before the largest ttl has passed, a second client can gain a
 //!   quorum while the first still holds its lock. Run the nodes with
@@ -69,7 +70,8 @@
 //!   [`LossReason`]s.
 //! - `watchdog`: [`Redlock::acquire`], [`Redlock::with_lock`] and the
 //!   renewal task behind a guard.
-//! - `scripts`: the release and extend Lua scripts.
+//! - `fence`: [`Redlock::fencing_token`], numbers that grow with every holder.
+//! - `scripts`: the release, extend and fencing Lua scripts.
 //! - `node`: one node's lazily made, long-lived connection.
 //! - `error`: the [`Error`] enum and the per-node [`NodeFailure`]s.
 #![deny(missing_docs, missing_debug_implementations)]
@@ -77,6 +79,7 @@
 
 mod builder;
 mod error;
+mod fence;
 mod guard;
 mod lock;
 mod node;

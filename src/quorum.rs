@@ -134,6 +134,9 @@ pub(crate) struct Tally {
     pub(crate) unanswered: Vec<usize>,
     /// When the quorum was reached, if it was.
     pub(crate) quorum_at: Option<Instant>,
+    /// The integer replies of the nodes that agreed (the fencing read uses
+    /// them).
+    pub(crate) numbers: Vec<i64>,
 }
 
 impl Tally {
@@ -242,7 +245,10 @@ where
                         Err(_) => Err(NodeError::Timeout),
                         Ok(Err(e)) => Err(NodeError::from_redis(e)),
                         Ok(Ok(value)) => match accept(&value) {
-                            Ok(true) => Ok(()),
+                            Ok(true) => Ok(match value {
+                                Value::Int(n) => Some(n),
+                                _ => None,
+                            }),
                             Ok(false) => Err(NodeError::Held),
                             Err(text) => Err(NodeError::UnexpectedReply(text)),
                         },
@@ -256,8 +262,9 @@ where
     let mut tally = Tally::default();
     while let Some((index, outcome)) = pending.next().await {
         match outcome {
-            Ok(()) => {
+            Ok(number) => {
                 tally.granted += 1;
+                tally.numbers.extend(number);
                 if tally.granted == required {
                     tally.quorum_at = Some(Instant::now());
                 }
@@ -283,6 +290,16 @@ pub(crate) fn accept_set(value: &Value) -> Result<bool, String> {
         Value::Okay => Ok(true),
         Value::SimpleString(s) if s == "OK" => Ok(true),
         Value::Nil => Ok(false),
+        other => Err(format!("{other:?}")),
+    }
+}
+
+/// Reads the reply of the fencing read: the counter (0 or more) where the
+/// lock is ours, -1 where it is not.
+pub(crate) fn accept_fence(value: &Value) -> Result<bool, String> {
+    match value {
+        Value::Int(n) if *n >= 0 => Ok(true),
+        Value::Int(-1) => Ok(false),
         other => Err(format!("{other:?}")),
     }
 }

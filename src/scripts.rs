@@ -36,3 +36,33 @@ else
 end"#,
     )
 });
+
+/// `KEYS[1]` = lock key, `KEYS[2]` = fencing counter key, `ARGV[1]` = token.
+/// Where the lock holds the token, returns the counter (0 if never set);
+/// elsewhere -1.
+pub(crate) static FENCE_READ: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r#"if redis.call("get", KEYS[1]) == ARGV[1] then
+    return tonumber(redis.call("get", KEYS[2]) or "0")
+else
+    return -1
+end"#,
+    )
+});
+
+/// `KEYS[1]` = lock key, `KEYS[2]` = fencing counter key, `ARGV[1]` = token,
+/// `ARGV[2]` = the new fencing number. Where the lock holds the token, raises
+/// the counter to the number (never lowers it) and returns 1; elsewhere 0.
+pub(crate) static FENCE_WRITE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r#"if redis.call("get", KEYS[1]) == ARGV[1] then
+    local current = tonumber(redis.call("get", KEYS[2]) or "0")
+    if tonumber(ARGV[2]) > current then
+        redis.call("set", KEYS[2], ARGV[2])
+    end
+    return 1
+else
+    return 0
+end"#,
+    )
+});

@@ -60,7 +60,17 @@ struct Child {
 }
 
 impl Child {
-    fn spawn(plan: &Plan, holder: &str, once: bool) -> Self {
+    /// A one-shot holder (see `hold_once`) with extra environment.
+    fn spawn_with(plan: &Plan, holder: &str, env: &[(&str, String)]) -> Self {
+        Self::spawn_env(plan, holder, true, env)
+    }
+
+    /// A contender running the workload loop.
+    fn spawn(plan: &Plan, holder: &str) -> Self {
+        Self::spawn_env(plan, holder, false, &[])
+    }
+
+    fn spawn_env(plan: &Plan, holder: &str, once: bool, env: &[(&str, String)]) -> Self {
         let mut cmd = tokio::process::Command::new(std::env::current_exe().unwrap());
         cmd.args([
             "--ignored",
@@ -71,6 +81,7 @@ impl Child {
         ])
         .envs(workload::plan_env(plan, holder))
         .stdout(Stdio::piped())
+        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
         .stderr(Stdio::null())
         .kill_on_drop(true);
         if once {
@@ -102,7 +113,7 @@ async fn run_workload<F: std::future::Future<Output = u64>>(
     inject: F,
 ) -> (Tally, u64) {
     let children: Vec<Child> = (0..CHILDREN)
-        .map(|i| Child::spawn(plan, &format!("proc-{i}"), false))
+        .map(|i| Child::spawn(plan, &format!("proc-{i}")))
         .collect();
     let tasks: Vec<_> = (0..IN_PROCESS)
         .map(|i| {
@@ -542,12 +553,16 @@ async fn hold_once(redlock: Redlock, plan: Plan, holder: String) {
         .await
         .expect("child lock");
     let granted = Instant::now();
-    let fence = fencing_token(&plan.urls[0], &plan.resource);
+    let fence = redlock
+        .fencing_token(&lock)
+        .await
+        .expect("child fencing token");
+    let store = std::env::var("REDLOCK_CHILD_STORE").expect("store url");
     println!("{}", checker::line_section(&holder, true));
     println!("@@GRANTED {fence}");
     // the parent stops this process somewhere in here
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let accepted = fenced_write(&plan.urls[0], &plan.resource, fence, &holder);
+    let accepted = fenced_write(&store, &plan.resource, fence, &holder);
     println!("{}", checker::line_section(&holder, false));
     let ended = Instant::now().min(lock.expires_at()).max(granted);
     println!(
@@ -562,19 +577,8 @@ async fn hold_once(redlock: Redlock, plan: Plan, holder: String) {
     println!("@@WRITE {}", u8::from(accepted));
 }
 
-/// A fencing token: a number that grows with every grant. It must come from a
-/// linearizable source; this test uses one counter on one node, which is
-/// enough to show what the token does (Redlock itself offers no such number).
-fn fencing_token(url: &str, resource: &str) -> u64 {
-    let mut con = redis::Client::open(url).unwrap().get_connection().unwrap();
-    redis::cmd("INCR")
-        .arg(format!("{resource}:fence"))
-        .query(&mut con)
-        .unwrap()
-}
-
-/// The protected resource: accepts a write only with a fencing token at
-/// least as high as any it has seen.
+/// The protected resource (a store apart from the lock nodes): accepts a
+/// write only with a fencing token at least as high as any it has seen.
 fn fenced_write(url: &str, resource: &str, fence: u64, writer: &str) -> bool {
     let mut con = redis::Client::open(url).unwrap().get_connection().unwrap();
     let script = redis::Script::new(
@@ -606,7 +610,12 @@ async fn a_paused_holder_outlives_its_lock_and_only_a_fencing_token_stops_its_wr
         false,
     );
     let checker = Checker::default();
-    let mut child = Child::spawn(&plan, "paused-holder", true);
+    let store = support::RedisServer::start();
+    let mut child = Child::spawn_with(
+        &plan,
+        "paused-holder",
+        &[("REDLOCK_CHILD_STORE", store.url())],
+    );
     let stdout = child.child.stdout.take().unwrap();
     let mut lines = BufReader::new(stdout).lines();
     let mut out = String::new();
@@ -631,9 +640,9 @@ async fn a_paused_holder_outlives_its_lock_and_only_a_fencing_token_stops_its_wr
         .expect("after expiry");
     let granted = Instant::now();
     checker.section("second-holder", true);
-    let fence = fencing_token(cluster.urls().first().unwrap(), &plan.resource);
+    let fence = redlock.fencing_token(&lock).await.expect("fencing token");
     assert!(fenced_write(
-        &cluster.urls()[0],
+        &store.url(),
         &plan.resource,
         fence,
         "second-holder"
@@ -661,7 +670,7 @@ async fn a_paused_holder_outlives_its_lock_and_only_a_fencing_token_stops_its_wr
         !interleavings.is_empty(),
         "the paused holder should have overlapped: {out}"
     );
-    // Only the fencing token stopped its late write.
+    // Only the fencing token (Redlock::fencing_token) stopped its late write.
     assert!(
         out.contains("@@WRITE 0"),
         "the stale write was accepted: {out}"
@@ -670,7 +679,7 @@ async fn a_paused_holder_outlives_its_lock_and_only_a_fencing_token_stops_its_wr
         .arg(format!("{}:writes", plan.resource))
         .arg(0)
         .arg(-1)
-        .query(&mut cluster.conn(0))
+        .query(&mut store.conn())
         .unwrap();
     assert_eq!(writes, ["second-holder"]);
     println!(

@@ -1,0 +1,82 @@
+//! Fencing tokens grow with every holder, survive a minority of nodes losing
+//! their counters, and are given only to the lock's holder.
+
+mod support;
+
+use std::time::Duration;
+
+use redlock_quorum::Error;
+use support::{Cluster, resource};
+
+const TTL: Duration = Duration::from_secs(10);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_grow_with_every_holder() {
+    let cluster = Cluster::shared(5);
+    let res = resource("fence-grow");
+    let mut last = 0;
+    for holder in 0..20 {
+        let redlock = cluster.redlock(); // each holder its own client
+        let lock = redlock.lock(&res, TTL).await.unwrap();
+        let token = redlock.fencing_token(&lock).await.unwrap();
+        assert!(token > last, "holder {holder}: {token} after {last}");
+        last = token;
+        redlock.unlock(&lock).await.unwrap();
+    }
+    assert_eq!(last, 20, "one step per holder");
+    // the counter lives beside the lock key, without expiry
+    let key = format!("{res}:fence");
+    let pttl: i64 = redis::cmd("PTTL")
+        .arg(&key)
+        .query(&mut cluster.conn(0))
+        .unwrap();
+    assert_eq!(pttl, -1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_keep_growing_when_a_minority_forgets_its_counters() {
+    let mut cluster = Cluster::start(5);
+    let res = resource("fence-restart");
+    let mut last = 0;
+    for round in 0..6 {
+        let redlock = cluster.builder().retry_count(50).build().unwrap();
+        let lock = redlock.lock(&res, TTL).await.unwrap();
+        let token = redlock.fencing_token(&lock).await.unwrap();
+        assert!(token > last, "round {round}: {token} after {last}");
+        last = token;
+        redlock.unlock(&lock).await.unwrap();
+        // two nodes restart empty (no persistence): their counters are gone
+        let a = round % 5;
+        cluster.node(a).restart();
+        cluster.node((a + 2) % 5).restart();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_the_holder_gets_a_token() {
+    let cluster = Cluster::shared(5);
+    let redlock = cluster.redlock();
+    let res = resource("fence-holder");
+    let fence_key = format!("{res}:fence");
+
+    let lock = redlock.lock(&res, TTL).await.unwrap();
+    assert_eq!(redlock.fencing_token(&lock).await.unwrap(), 1);
+    // the key taken over by someone else on every node
+    cluster.plant(&[0, 1, 2, 3, 4], &res, "other-holder", TTL);
+    let err = redlock.fencing_token(&lock).await.expect_err("not ours");
+    assert!(matches!(err, Error::NotHeld { .. }), "{err}");
+    assert_eq!(
+        cluster.values(&fence_key),
+        vec![Some("1".to_owned()); 5],
+        "counters untouched"
+    );
+
+    // an expired lock gets nothing either
+    let short = redlock
+        .lock(&resource("fence-expired"), Duration::from_millis(50))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(80)).await;
+    let err = redlock.fencing_token(&short).await.expect_err("expired");
+    assert!(matches!(err, Error::NotHeld { .. }), "{err}");
+}
