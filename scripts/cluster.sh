@@ -6,6 +6,10 @@
 #   scripts/cluster.sh up       start the nodes that are not running
 #   scripts/cluster.sh down     stop them
 #   scripts/cluster.sh status   one line per node
+#   scripts/cluster.sh restart PORT [DELAY_S]
+#                               stop one node, wait DELAY_S seconds (set it
+#                               above your largest lock ttl when the node runs
+#                               without fsync-always persistence), start it
 #   scripts/cluster.sh ports    the ports, one per line
 #   scripts/cluster.sh nodes    the REDLOCK_NODES value for this cluster
 set -euo pipefail
@@ -33,13 +37,7 @@ up() {
   "$root/scripts/ensure-redis.sh"
   for p in $(ports); do
     if running "$p"; then echo "node $p: already running"; continue; fi
-    mkdir -p "$data/$p"
-    redis-server "$conf" --port "$p" --bind 127.0.0.1 --dir "$data/$p" \
-      --daemonize yes --pidfile "$(pidfile "$p")" --logfile "$data/$p/redis.log"
-  done
-  for p in $(ports); do
-    for _ in $(seq 1 100); do answers "$p" && break; sleep 0.05; done
-    answers "$p" || { echo "node $p did not come up; see $data/$p/redis.log" >&2; exit 1; }
+    start_node "$p" || exit 1
   done
   status
 }
@@ -50,6 +48,30 @@ down() {
       kill "$(cat "$(pidfile "$p")")" && echo "node $p: stopped"
     fi
   done
+}
+
+start_node() {
+  local p="$1"
+  mkdir -p "$data/$p"
+  redis-server "$conf" --port "$p" --bind 127.0.0.1 --dir "$data/$p" \
+    --daemonize yes --pidfile "$(pidfile "$p")" --logfile "$data/$p/redis.log"
+  for _ in $(seq 1 100); do answers "$p" && return 0; sleep 0.05; done
+  echo "node $p did not come up; see $data/$p/redis.log" >&2
+  return 1
+}
+
+restart() {
+  local p="${1:?usage: $0 restart PORT [DELAY_S]}" delay="${2:-0}"
+  ports | grep -qx "$p" || { echo "no node on port $p in $compose" >&2; exit 2; }
+  if running "$p"; then
+    kill "$(cat "$(pidfile "$p")")"
+    for _ in $(seq 1 100); do running "$p" || break; sleep 0.05; done
+  fi
+  if [ "$delay" != 0 ]; then
+    echo "node $p: stopped; restarting in $delay s (a delayed restart: locks it held expire first)"
+    sleep "$delay"
+  fi
+  start_node "$p" && echo "node $p: up"
 }
 
 status() {
@@ -68,7 +90,8 @@ case "${1:-}" in
   up) up ;;
   down) down ;;
   status) status ;;
+  restart) shift; restart "$@" ;;
   ports) ports ;;
   nodes) nodes ;;
-  *) echo "usage: $0 up|down|status|ports|nodes" >&2; exit 2 ;;
+  *) echo "usage: $0 up|down|status|restart PORT [DELAY_S]|ports|nodes" >&2; exit 2 ;;
 esac
