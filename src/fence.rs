@@ -63,7 +63,7 @@ impl Redlock {
         if read.quorum_at.is_none() {
             return Err(read.into_error(&lock.resource, nodes.len(), Refusal::NotHeld));
         }
-        let highest = read.numbers.iter().copied().max().unwrap_or(0);
+        let highest = read.highest.unwrap_or(0);
         let token = u64::try_from(highest).unwrap_or(0) + 1;
 
         let write = quorum::round(

@@ -134,9 +134,9 @@ pub(crate) struct Tally {
     pub(crate) unanswered: Vec<usize>,
     /// When the quorum was reached, if it was.
     pub(crate) quorum_at: Option<Instant>,
-    /// The integer replies of the nodes that agreed (the fencing read uses
-    /// them).
-    pub(crate) numbers: Vec<i64>,
+    /// The highest integer reply of the nodes that agreed (the fencing read
+    /// uses it).
+    pub(crate) highest: Option<i64>,
 }
 
 impl Tally {
@@ -264,7 +264,7 @@ where
         match outcome {
             Ok(number) => {
                 tally.granted += 1;
-                tally.numbers.extend(number);
+                tally.highest = tally.highest.max(number);
                 if tally.granted == required {
                     tally.quorum_at = Some(Instant::now());
                 }
