@@ -9,16 +9,16 @@
 //! `docker-compose.redlock.yml` on ports 7001-7005 if it answers; else five
 //! `redis-server` processes started here (and one of them killed part-way).
 
-#[allow(dead_code, unreachable_pub)]
-#[path = "../tests/support/server.rs"]
-mod server;
+#[path = "../tests/support/mod.rs"]
+mod support;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use redlock_quorum::{Error, Redlock};
-use server::RedisServer;
+use support::RedisServer;
+use support::server;
 use tokio::sync::Mutex;
 
 const WORKERS: usize = 8;
@@ -54,16 +54,8 @@ fn pings(url: &str) -> bool {
 }
 
 fn find_nodes() -> Result<Nodes, String> {
-    if let Ok(raw) = std::env::var("REDLOCK_NODES") {
-        let urls: Vec<String> = raw
-            .split(',')
-            .map(str::trim)
-            .filter(|s| !s.is_empty())
-            .map(str::to_owned)
-            .collect();
-        if !urls.is_empty() {
-            return Ok(Nodes::External(urls, "REDLOCK_NODES"));
-        }
+    if let Some(urls) = support::external_nodes() {
+        return Ok(Nodes::External(urls, "REDLOCK_NODES"));
     }
     let cluster: Vec<String> = (7001..=7005)
         .map(|p| format!("redis://127.0.0.1:{p}/"))

@@ -138,74 +138,64 @@ async fn watchdog(
     let mut next = acquired + interval;
     let mut last_error: Option<String> = None;
 
-    let lose = |reason: LossReason| state.send_modify(|s| s.lost = Some(reason));
-
     // Renew until stopped or lost; then wait for the guard's word.
     let command = loop {
         let current = state.borrow().lock.clone();
         let deadline = current.expires_at;
         let wake = hold_limit.map_or(next, |(_, at)| next.min(at));
-        tokio::select! {
-            biased;
-            command = &mut stop => break command.ok(),
-            () = sleep_until(alarm(deadline)) => {
-                lose(LossReason::Expired { last_error: last_error.take() });
-                break (&mut stop).await.ok();
+        // Sleep until the next renewal is due, then renew.
+        let step = async {
+            sleep_until(wake.into()).await;
+            if let Some((limit, at)) = hold_limit
+                && Instant::now() >= at
+            {
+                return Step::MaxHold(limit);
             }
-            () = sleep_until(wake.into()) => {}
-        }
-        if let Some((limit, at)) = hold_limit
-            && Instant::now() >= at
-        {
-            lose(LossReason::MaxHold { limit });
-            break (&mut stop).await.ok();
-        }
-        let attempt = Instant::now();
-        tokio::select! {
+            let attempt = Instant::now();
+            // Admission: at most `renew_concurrency` renewals in flight per
+            // manager. Ten thousand guards renewing in the same instant would
+            // otherwise queue 50,000 requests behind each other, every one of
+            // them time out, and all retry together (a congestion collapse).
+            // The wait counts against the deadline, which the select below
+            // still watches.
+            let _permit = redlock.inner.renewals.acquire().await;
+            Step::Renewed(attempt, redlock.extend(&current, ttl).await)
+        };
+        let lost = tokio::select! {
             // The deadline comes before a renewal that lands at the same
             // moment: the lock is never reported held after `expires_at`.
             biased;
             command = &mut stop => break command.ok(),
-            () = sleep_until(alarm(deadline)) => {
-                lose(LossReason::Expired { last_error: last_error.take() });
-                break (&mut stop).await.ok();
-            }
-            renewed = async {
-                // Admission: at most `renew_concurrency` renewals in flight
-                // per manager. Ten thousand guards renewing in the same
-                // instant would otherwise queue 50,000 requests behind each
-                // other, every one of them time out, and all retry together
-                // (a congestion collapse). The wait counts against the
-                // deadline, which this select still watches.
-                let _permit = redlock.inner.renewals.acquire().await;
-                redlock.extend(&current, ttl).await
-            } => match renewed {
-                Ok(lock) => {
+            () = sleep_until(alarm(deadline)) => LossReason::Expired { last_error: last_error.take() },
+            step = step => match step {
+                Step::MaxHold(limit) => LossReason::MaxHold { limit },
+                Step::Renewed(attempt, Ok(lock)) => {
                     state.send_modify(|s| {
                         s.lock = lock;
                         s.renewals += 1;
                     });
                     last_error = None;
                     next = attempt + interval;
+                    continue;
                 }
-                Err(Error::NotHeld { .. }) => {
-                    lose(LossReason::TakenOver);
-                    break (&mut stop).await.ok();
-                }
-                Err(e) => {
+                Step::Renewed(_, Err(Error::NotHeld { .. })) => LossReason::TakenOver,
+                Step::Renewed(_, Err(e)) => {
                     // No quorum this time. Another round can take up to the
                     // node timeout: when less validity than that is left,
                     // report the loss now rather than at the deadline.
                     let now = Instant::now();
                     if deadline.saturating_duration_since(now) <= config.node_timeout {
-                        lose(LossReason::Expired { last_error: Some(e.to_string()) });
-                        break (&mut stop).await.ok();
+                        LossReason::Expired { last_error: Some(e.to_string()) }
+                    } else {
+                        last_error = Some(e.to_string());
+                        next = now + config.retry_delay.min(interval);
+                        continue;
                     }
-                    last_error = Some(e.to_string());
-                    next = now + config.retry_delay.min(interval);
                 }
             },
-        }
+        };
+        state.send_modify(|s| s.lost = Some(lost));
+        break (&mut stop).await.ok();
     };
 
     match command {
@@ -214,6 +204,14 @@ async fn watchdog(
         Some(Stop::Release(reply)) => release(&redlock, &state, reply).await,
         None => release(&redlock, &state, None).await,
     }
+}
+
+/// One step of the renewal loop.
+enum Step {
+    /// The `max_hold` limit was reached.
+    MaxHold(Duration),
+    /// A renewal ran; it started at the instant given.
+    Renewed(Instant, Result<Lock, Error>),
 }
 
 async fn release(

@@ -269,8 +269,7 @@ async fn a_dropped_lock_future_leaves_no_key_behind() {
         .unwrap();
     let res = resource("cancel");
     // Warm the connections so the SETs are written at once.
-    let warm = redlock.try_lock(&resource("warm"), TTL).await.unwrap();
-    redlock.unlock(&warm).await.unwrap();
+    support::warm(&redlock).await;
 
     // Three nodes stalled: the round can neither win nor give up, so the
     // future is mid-flight when it is dropped.

@@ -426,11 +426,7 @@ async fn a_set_whose_reply_is_lost_is_cleaned_up_by_the_failure_path() {
     let proxies = proxies(&mut cluster).await;
     let urls: Vec<String> = proxies.iter().map(Proxy::url).collect();
     let redlock = builder(&urls).build().unwrap();
-    let warm = redlock
-        .try_lock(&resource("warm"), Duration::from_secs(5))
-        .await
-        .unwrap();
-    redlock.unlock(&warm).await.unwrap();
+    support::warm(&redlock).await;
 
     // A majority applies the SET but its reply never arrives: the attempt
     // times out there, fails, and must release what the nodes applied. The

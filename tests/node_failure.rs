@@ -20,8 +20,7 @@ async fn two_paused_nodes_do_not_slow_the_lock_down_to_the_timeout() {
         .node_timeout(node_timeout)
         .build()
         .unwrap();
-    let warm = redlock.try_lock(&resource("warm"), TTL).await.unwrap();
-    redlock.unlock(&warm).await.unwrap();
+    support::warm(&redlock).await;
 
     cluster.node(1).pause();
     cluster.node(3).pause();
@@ -91,8 +90,7 @@ async fn three_paused_nodes_time_out_and_the_attempt_is_released() {
         .node_timeout(node_timeout)
         .build()
         .unwrap();
-    let warm = redlock.try_lock(&resource("warm"), TTL).await.unwrap();
-    redlock.unlock(&warm).await.unwrap();
+    support::warm(&redlock).await;
     for i in 0..3 {
         cluster.node(i).pause();
     }

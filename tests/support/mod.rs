@@ -157,6 +157,16 @@ pub fn external_nodes() -> Option<Vec<String>> {
     (!urls.is_empty()).then_some(urls)
 }
 
+/// Takes and releases a throwaway lock so that every node's connection is
+/// made: later requests are then written to the sockets at once.
+pub async fn warm(redlock: &Redlock) {
+    let lock = redlock
+        .try_lock(&resource("warm"), Duration::from_secs(5))
+        .await
+        .expect("warm-up lock");
+    redlock.unlock(&lock).await.expect("warm-up unlock");
+}
+
 static NEXT_RESOURCE: AtomicU64 = AtomicU64::new(0);
 
 /// A resource name no other test (or earlier run on a shared cluster) uses.
