@@ -94,6 +94,16 @@ impl Ttl {
     }
 }
 
+impl Ttl {
+    /// The latest instant a key set by a round that started at `start` can
+    /// still exist on a node whose clock runs at our rate: `start + ttl`.
+    pub(crate) fn key_expiry(&self, start: Instant) -> Instant {
+        start
+            .checked_add(self.duration)
+            .unwrap_or_else(|| self.deadline(start))
+    }
+}
+
 /// The pause before the next attempt: `retry_delay` plus a random jitter of
 /// up to `retry_jitter`, so that contending clients spread out.
 pub(crate) fn retry_delay(retry_delay: Duration, retry_jitter: Duration) -> Duration {

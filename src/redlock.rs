@@ -207,7 +207,7 @@ impl Redlock {
         // is dropped.
         let mut cleanup = Cleanup {
             inner: Some((inner.clone(), key.clone(), token.clone())),
-            key_expiry: ttl.deadline(Instant::now()) + ttl.drift,
+            key_expiry: ttl.key_expiry(Instant::now()),
         };
         let mut set = Cmd::new();
         set.arg("SET")
@@ -237,7 +237,7 @@ impl Redlock {
             Err(failed) => {
                 // Release everywhere, the nodes that refused, failed or have
                 // not answered yet included: a late SET may still land.
-                release(inner, &key, &token, ttl.deadline(start) + ttl.drift).await;
+                release(inner, &key, &token, ttl.key_expiry(start)).await;
                 cleanup.disarm();
                 Err(failed.into_error(resource, self.node_count(), Refusal::Conflict))
             }
