@@ -561,14 +561,10 @@ async fn hold_once(redlock: Redlock, plan: Plan, holder: String) {
     let accepted = fenced_write(&store, &plan.resource, fence, &holder);
     println!("{}", checker::line_section(&holder, false));
     let ended = Instant::now().min(lock.expires_at()).max(granted);
+    let (granted, ended) = checker::mono_window(granted, ended);
     println!(
         "{}",
-        checker::line_window(
-            &holder,
-            lock.token(),
-            checker::mono(granted),
-            checker::mono(ended)
-        )
+        checker::line_window(&holder, lock.token(), granted, ended)
     );
     println!("@@WRITE {}", u8::from(accepted));
 }

@@ -7,7 +7,7 @@
 //! holders must not overlap, and no two holders may be inside the critical
 //! section at once. All processes on this machine read the same
 //! `CLOCK_MONOTONIC`, so holders in other processes report their times in it
-//! (see [`mono`]) and the check stays exact.
+//! (see [`mono_window`]) and the check stays exact.
 
 use std::sync::Mutex;
 use std::time::Instant;
@@ -26,9 +26,19 @@ pub fn mono_now() -> u64 {
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
-/// An `Instant` on the cross-process monotonic clock.
-pub fn mono(at: Instant) -> u64 {
+/// A window's two instants on the monotonic clock, converted together so
+/// that their order is kept exactly.
+pub fn mono_window(granted: Instant, ended: Instant) -> (u64, u64) {
     let (now_i, now_m) = (Instant::now(), mono_now());
+    (
+        mono_from(granted, now_i, now_m),
+        mono_from(ended, now_i, now_m),
+    )
+}
+
+/// `at` converted with one reading of both clocks, so that instants converted
+/// together keep their order exactly.
+fn mono_from(at: Instant, now_i: Instant, now_m: u64) -> u64 {
     if at <= now_i {
         now_m - (now_i - at).as_nanos() as u64
     } else {
@@ -88,7 +98,8 @@ pub struct Checker {
 impl Checker {
     /// Records a window given as `Instant`s.
     pub fn record(&self, holder: &str, token: &str, granted: Instant, ended: Instant) {
-        self.record_mono(holder, token, mono(granted), mono(ended));
+        let (granted, ended) = mono_window(granted, ended);
+        self.record_mono(holder, token, granted, ended);
     }
 
     /// Records a window given in monotonic nanoseconds.

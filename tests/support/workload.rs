@@ -49,10 +49,10 @@ impl Sink {
     fn window(&self, holder: &str, token: &str, granted: Instant, ended: Instant) {
         match self {
             Sink::Checker(c) => c.record(holder, token, granted, ended),
-            Sink::Print => println!(
-                "{}",
-                checker::line_window(holder, token, checker::mono(granted), checker::mono(ended))
-            ),
+            Sink::Print => {
+                let (granted, ended) = checker::mono_window(granted, ended);
+                println!("{}", checker::line_window(holder, token, granted, ended));
+            }
         }
     }
 }
