@@ -7,8 +7,9 @@ use std::time::Duration;
 use redis::{IntoConnectionInfo, RedisError};
 
 use crate::error::Error;
-use crate::node::{Node, label};
+use crate::node::{Identities, Node, label};
 use crate::redlock::{Inner, Redlock};
+use crate::release::Retries;
 
 /// Default number of retries after the first attempt.
 pub const DEFAULT_RETRY_COUNT: u32 = 10;
@@ -18,6 +19,8 @@ pub const DEFAULT_RETRY_DELAY: Duration = Duration::from_millis(200);
 pub const DEFAULT_RETRY_JITTER: Duration = Duration::from_millis(100);
 /// Default bound on each request to one node.
 pub const DEFAULT_NODE_TIMEOUT: Duration = Duration::from_millis(50);
+/// Default bound on making a connection to one node.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
 /// Default bound on renewals in flight at once per manager.
 pub const DEFAULT_RENEW_CONCURRENCY: usize = 256;
 /// Default clock drift factor.
@@ -29,6 +32,7 @@ pub(crate) struct Config {
     pub(crate) retry_delay: Duration,
     pub(crate) retry_jitter: Duration,
     pub(crate) node_timeout: Duration,
+    pub(crate) connect_timeout: Duration,
     pub(crate) drift_factor: f64,
     pub(crate) key_prefix: String,
     pub(crate) renew_interval: Option<Duration>,
@@ -60,6 +64,7 @@ impl RedlockBuilder {
                 retry_delay: DEFAULT_RETRY_DELAY,
                 retry_jitter: DEFAULT_RETRY_JITTER,
                 node_timeout: DEFAULT_NODE_TIMEOUT,
+                connect_timeout: DEFAULT_CONNECT_TIMEOUT,
                 drift_factor: DEFAULT_DRIFT_FACTOR,
                 key_prefix: String::new(),
                 renew_interval: None,
@@ -89,11 +94,23 @@ impl RedlockBuilder {
         self
     }
 
-    /// The bound on each request to one node (connecting included). A node
-    /// that does not answer within it counts as failed for that round. Keep
-    /// it well under the ttls you use. Defaults to 50 ms; must not be zero.
+    /// The bound on each request to one node, once connected. A node that
+    /// does not answer within it counts as unknown for that round. Keep it
+    /// well under the ttls you use. Defaults to 50 ms; must not be zero.
     pub fn node_timeout(mut self, timeout: Duration) -> Self {
         self.config.node_timeout = timeout;
+        self
+    }
+
+    /// The bound on making a connection to one node (TCP, authentication,
+    /// and one `INFO server` to learn which server it is). Apart from
+    /// [`node_timeout`](RedlockBuilder::node_timeout), so that many fresh
+    /// clients connecting at once (a cold start, a cron job firing on every
+    /// instance) are not taken for slow nodes. The time still comes off the
+    /// validity of a lock whose round waited for it. Defaults to 500 ms;
+    /// must not be zero.
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.config.connect_timeout = timeout;
         self
     }
 
@@ -117,8 +134,9 @@ impl RedlockBuilder {
     /// How often a [`LockGuard`](crate::LockGuard) renews its lock. Defaults
     /// to a third of the lock's ttl, which leaves two more chances to renew
     /// before the lock expires. Must be shorter than the ttl minus the drift
-    /// allowance of each lock acquired with [`Redlock::acquire`]; a failed
-    /// renewal is retried after `retry_delay` (or the interval, if shorter).
+    /// allowance of each lock acquired with [`Redlock::acquire`] (checked
+    /// there), and longer than zero (checked by `build`); a failed renewal
+    /// is retried after `retry_delay` (or the interval, if shorter).
     pub fn renew_interval(mut self, interval: Duration) -> Self {
         self.config.renew_interval = Some(interval);
         self
@@ -164,6 +182,18 @@ impl RedlockBuilder {
                 reason: "must be longer than zero",
             });
         }
+        if config.connect_timeout.is_zero() {
+            return Err(Error::InvalidSetting {
+                setting: "connect_timeout",
+                reason: "must be longer than zero",
+            });
+        }
+        if config.renew_interval.is_some_and(|i| i.is_zero()) {
+            return Err(Error::InvalidSetting {
+                setting: "renew_interval",
+                reason: "must be longer than zero",
+            });
+        }
         if !config.drift_factor.is_finite() || !(0.0..1.0).contains(&config.drift_factor) {
             return Err(Error::InvalidSetting {
                 setting: "drift_factor",
@@ -182,7 +212,8 @@ impl RedlockBuilder {
                 reason: "must be longer than zero",
             });
         }
-        let mut nodes: Vec<Node> = Vec::with_capacity(self.nodes.len());
+        let identities = Arc::new(Identities::default());
+        let mut nodes: Vec<Arc<Node>> = Vec::with_capacity(self.nodes.len());
         for (index, info) in self.nodes.into_iter().enumerate() {
             let info = info.map_err(|source| Error::InvalidNodeAddress { index, source })?;
             let name = label(&info);
@@ -190,19 +221,24 @@ impl RedlockBuilder {
                 return Err(Error::DuplicateNode {
                     index,
                     first,
+                    first_node: name.clone(),
                     node: name,
                 });
             }
-            let node = Node::new(info, config.node_timeout)
+            let node = Node::new(index, info, config.connect_timeout, identities.clone())
                 .map_err(|source| Error::InvalidNodeAddress { index, source })?;
-            nodes.push(node);
+            nodes.push(Arc::new(node));
         }
         let renewals = tokio::sync::Semaphore::new(config.renew_concurrency);
+        let retries = Retries::new(nodes.len());
         Ok(Redlock {
             inner: Arc::new(Inner {
                 nodes,
                 config,
                 renewals,
+                retries,
+                misconfigured: Default::default(),
+                warmed: Default::default(),
             }),
         })
     }

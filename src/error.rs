@@ -3,8 +3,6 @@
 use std::fmt;
 use std::time::Duration;
 
-use crate::guard::LossReason;
-
 /// Everything that can go wrong when building a [`Redlock`](crate::Redlock)
 /// or taking, extending and releasing a lock.
 ///
@@ -14,30 +12,38 @@ use crate::guard::LossReason;
 #[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
-    /// The lock is held by someone else: enough nodes answered that a quorum
-    /// was possible, but too many of them already hold the key with another
-    /// value.
+    /// The lock is held by someone else: another holder's value was found on
+    /// so many nodes that it has, or may have, a quorum (the nodes it holds
+    /// plus the nodes that did not answer reach one). Also returned when
+    /// contenders kept sharing the nodes between them through every
+    /// split-vote round of one attempt.
     #[error(
-        "resource {resource:?} is locked by another holder ({held} of {nodes} nodes hold it, {required} needed for a quorum)"
+        "resource {resource:?} is locked by another holder: {held} of {nodes} nodes answered that another value holds it ({required} make a quorum); {}", NodeFailures(.failures)
     )]
     Conflict {
         /// The resource name asked for.
         resource: String,
-        /// How many nodes answered that the key is held by another value.
+        /// How many nodes answered that another value holds the key, counted
+        /// until the outcome of the round was certain.
         held: usize,
         /// How many nodes are needed for a quorum.
         required: usize,
         /// How many nodes the manager has.
         nodes: usize,
+        /// What each node that did not agree said (a held key, a timeout, an
+        /// error), so that a node that is down is visible here too.
+        failures: Vec<NodeFailure>,
     },
 
     /// Too few nodes could be reached (they timed out, refused the connection
-    /// or dropped it) for a quorum to agree.
-    #[error("no quorum for {resource:?}: {granted} of {required} required nodes agreed; {}", NodeFailures(.failures))]
+    /// or dropped it, or answered that they are busy or loading) for a quorum
+    /// to agree, and no other holder can have one.
+    #[error("no quorum for {resource:?}: {granted} nodes agreed, {required} needed; {}", NodeFailures(.failures))]
     NoQuorum {
         /// The resource name asked for.
         resource: String,
-        /// How many nodes agreed.
+        /// How many nodes had agreed when the outcome of the round was
+        /// certain (the round stops listening then).
         granted: usize,
         /// How many nodes are needed for a quorum.
         required: usize,
@@ -81,11 +87,11 @@ pub enum Error {
         reason: LossReason,
     },
 
-    /// Enough nodes were reachable for a quorum, but too many answered with an
-    /// error that makes no sense for a lock: a key of another type
-    /// (`WRONGTYPE`), a read-only replica (`READONLY`), a failed
-    /// authentication, a script error.
-    #[error("redis replied with errors on too many nodes for {resource:?} ({granted} of {required} required agreed); {}", NodeFailures(.failures))]
+    /// So many nodes answered with an error that retrying cannot fix that no
+    /// quorum is possible: a key of another type (`WRONGTYPE`), a read-only
+    /// replica (`READONLY`), a user without the permission (`NOPERM`), a
+    /// failed authentication, a script error. Not retried.
+    #[error("redis replied with errors on too many nodes for {resource:?} ({granted} nodes agreed, {required} needed); {}", NodeFailures(.failures))]
     Redis {
         /// The resource name asked for.
         resource: String,
@@ -110,18 +116,24 @@ pub enum Error {
         source: redis::RedisError,
     },
 
-    /// The same node appears twice in the node list: it would be counted twice
-    /// towards the quorum.
+    /// Two entries of the node list reach the same server: the same address
+    /// twice, two names of one server, or two databases of one server (one
+    /// failure domain all the same). It would count twice towards the
+    /// quorum. Detected by address when the manager is built, and by the
+    /// server's `run_id` when the second entry connects; from then on every
+    /// operation of the manager fails with it.
     #[error(
-        "node {index} ({node}) duplicates node {first}: each node must be an independent Redis master"
+        "node {index} ({node}) and node {first} ({first_node}) are the same Redis server: each node must be an independent Redis master"
     )]
     DuplicateNode {
-        /// Position of the duplicate.
+        /// Position of the later entry.
         index: usize,
-        /// Position of its first occurrence.
-        first: usize,
-        /// The address, without credentials.
+        /// Its address, without credentials.
         node: String,
+        /// Position of the earlier entry.
+        first: usize,
+        /// Its address, without credentials.
+        first_node: String,
     },
 
     /// A builder setting is out of range.
@@ -156,6 +168,19 @@ pub enum Error {
         max: Duration,
     },
 
+    /// The ttl asked of [`Redlock::acquire`](crate::Redlock::acquire) leaves
+    /// no room for renewals at the default interval (a third of the ttl):
+    /// it must be at least three times the drift allowance, plus a little.
+    #[error(
+        "the ttl {ttl:?} is too short for a renewing guard: renewals every ttl/3 need ttl/3 to be shorter than the ttl minus the drift allowance {drift:?}"
+    )]
+    TtlTooShortToRenew {
+        /// The ttl asked for.
+        ttl: Duration,
+        /// The drift allowance for it.
+        drift: Duration,
+    },
+
     /// The resource name is empty.
     #[error("the resource name is empty")]
     EmptyResource,
@@ -183,28 +208,62 @@ impl fmt::Display for NodeFailure {
 }
 
 /// Why one node did not agree in a quorum round.
+///
+/// Which failures a retry can fix: [`Timeout`](NodeError::Timeout),
+/// [`Unreachable`](NodeError::Unreachable) and [`Busy`](NodeError::Busy)
+/// say nothing about the key, and `lock` retries them like a conflict.
+/// [`Reply`](NodeError::Reply), [`UnexpectedReply`](NodeError::UnexpectedReply)
+/// and [`SameServer`](NodeError::SameServer) will not change by retrying;
+/// when they leave no quorum possible, the call fails at once.
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub enum NodeError {
-    /// The key is held there by another value (or, for extend and unlock, it
-    /// is not ours there).
+    /// The key is held there by another value.
     Held,
-    /// No answer within the node timeout.
+    /// The key is not ours there (extend, unlock, fencing): missing, expired,
+    /// or held by another value.
+    NotOurs,
+    /// No answer within the node timeout, or no connection within the
+    /// connect timeout.
     Timeout,
     /// The node could not be reached: connection refused, reset or closed.
     Unreachable(redis::RedisError),
-    /// The node answered with an error: `WRONGTYPE`, `READONLY`, a failed
-    /// authentication, a script error.
+    /// The node answered that it cannot serve the request now: `BUSY` (a
+    /// long script), `LOADING` (a restart loading its data), `TRYAGAIN`,
+    /// `MASTERDOWN`, `CLUSTERDOWN`. Retried like an unreachable node.
+    Busy(redis::RedisError),
+    /// The node answered with an error that retrying cannot fix:
+    /// `WRONGTYPE`, `READONLY`, `NOPERM`, a failed authentication, a script
+    /// error.
     Reply(redis::RedisError),
     /// The node answered with a value that no lock command returns.
     UnexpectedReply(String),
+    /// This entry of the node list reaches the same server as another one.
+    SameServer {
+        /// Position of the other entry.
+        other_index: usize,
+        /// Its address, without credentials.
+        other_node: String,
+    },
 }
+
+/// The error codes a server sends when it cannot serve a request for now.
+const TRANSIENT_CODES: [&str; 5] = ["BUSY", "LOADING", "TRYAGAIN", "MASTERDOWN", "CLUSTERDOWN"];
 
 impl NodeError {
     /// Whether the node was unreachable (timeout or connection failure) rather
     /// than answering.
     pub fn is_unreachable(&self) -> bool {
         matches!(self, NodeError::Timeout | NodeError::Unreachable(_))
+    }
+
+    /// Whether what the node holds is unknown and a retry may succeed: it was
+    /// unreachable, or answered that it is busy.
+    pub fn is_transient(&self) -> bool {
+        matches!(
+            self,
+            NodeError::Timeout | NodeError::Unreachable(_) | NodeError::Busy(_)
+        )
     }
 
     pub(crate) fn from_redis(err: redis::RedisError) -> Self {
@@ -216,6 +275,11 @@ impl NodeError {
             || err.is_timeout()
         {
             NodeError::Unreachable(err)
+        } else if err
+            .code()
+            .is_some_and(|code| TRANSIENT_CODES.contains(&code))
+        {
+            NodeError::Busy(err)
         } else {
             NodeError::Reply(err)
         }
@@ -226,10 +290,67 @@ impl fmt::Display for NodeError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             NodeError::Held => f.write_str("held by another value"),
+            NodeError::NotOurs => f.write_str("not ours there"),
             NodeError::Timeout => f.write_str("timed out"),
             NodeError::Unreachable(e) => write!(f, "unreachable ({e})"),
+            NodeError::Busy(e) => write!(f, "busy ({e})"),
             NodeError::Reply(e) => write!(f, "error reply ({e})"),
             NodeError::UnexpectedReply(v) => write!(f, "unexpected reply {v}"),
+            NodeError::SameServer {
+                other_index,
+                other_node,
+            } => write!(f, "the same server as node {other_index} ({other_node})"),
+        }
+    }
+}
+
+impl std::error::Error for NodeError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            NodeError::Unreachable(e) | NodeError::Busy(e) | NodeError::Reply(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+/// Why a guarded lock is no longer held.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LossReason {
+    /// Renewal did not reach a quorum before the validity ran out (nodes
+    /// down, paused or partitioned away, or this process did not run in
+    /// time). `last_error` is the last renewal failure, whenever a renewal
+    /// failed.
+    Expired {
+        /// The last renewal error, as text.
+        last_error: Option<String>,
+    },
+    /// A quorum of nodes answered that the key no longer holds our token:
+    /// it expired there and another client took it, or the nodes lost it.
+    TakenOver,
+    /// The builder's `max_hold` limit was reached; renewal stopped.
+    MaxHold {
+        /// The limit that was reached.
+        limit: Duration,
+    },
+    /// The guard released the lock.
+    Released,
+}
+
+impl fmt::Display for LossReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LossReason::Expired { last_error: None } => {
+                f.write_str("the validity ran out before a renewal succeeded")
+            }
+            LossReason::Expired {
+                last_error: Some(e),
+            } => write!(f, "the validity ran out before a renewal succeeded ({e})"),
+            LossReason::TakenOver => f.write_str("a quorum of nodes no longer holds our token"),
+            LossReason::MaxHold { limit } => {
+                write!(f, "the maximum hold time of {limit:?} was reached")
+            }
+            LossReason::Released => f.write_str("the lock was released"),
         }
     }
 }

@@ -13,9 +13,10 @@
 
 use crate::error::Error;
 use crate::lock::Lock;
-use crate::quorum::{self, Refusal, Until};
 use crate::redlock::Redlock;
+use crate::round::{self, Request, Round, Until};
 use crate::scripts;
+use crate::tally::{Ask, Outcome};
 
 impl Redlock {
     /// A fencing token for a held lock: a number larger than any token given
@@ -25,9 +26,26 @@ impl Redlock {
     /// already seen: that stops a holder that was paused past its validity,
     /// which no lock with an expiry can stop by itself.
     ///
-    /// The counter is kept in the key `<lock key>:fence` on every node,
-    /// without expiry. Ask for the token once per acquisition, right after
-    /// it; two calls for the same lock may return the same number.
+    /// The counter is kept on every node, without expiry, in the key made of
+    /// the lock key, the byte `0xFF` and `fence`: no resource's lock key can
+    /// ever be that key, since resource names are UTF-8. Ask for the token
+    /// once per acquisition, right after it; two calls for the same lock may
+    /// return the same number.
+    ///
+    /// # Examples
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use redlock_quorum::{Error, Redlock};
+    ///
+    /// # async fn run(redlock: Redlock) -> Result<(), Error> {
+    /// let lock = redlock.lock("invoice:7", Duration::from_secs(10)).await?;
+    /// let token = redlock.fencing_token(&lock).await?;
+    /// // UPDATE invoices SET ..., fence = $token WHERE id = 7 AND fence < $token
+    /// # let _ = token;
+    /// redlock.unlock(&lock).await?;
+    /// # Ok(())
+    /// # }
+    /// ```
     ///
     /// # Errors
     /// [`Error::NotHeld`] when the lock's validity has run out or a quorum
@@ -38,48 +56,50 @@ impl Redlock {
     /// Cancel-safe: dropping the future leaves the counters as they were or
     /// raised, never lowered; ask again.
     pub async fn fencing_token(&self, lock: &Lock) -> Result<u64, Error> {
-        let fence_key = format!("{}:fence", lock.key);
+        self.configured()?;
         let not_held = || Error::NotHeld {
             resource: lock.resource.clone(),
         };
         if !lock.is_valid() {
             return Err(not_held());
         }
-        let nodes = &self.inner.nodes;
-        let node_timeout = self.inner.config.node_timeout;
+        let fence_key = scripts::fence_key(&lock.key);
+        let keys = [lock.key.as_bytes(), fence_key.as_slice()];
 
-        let read = quorum::round(
-            nodes,
-            node_timeout,
-            Until::QuorumOrImpossible,
-            |mut conn| {
-                let mut call = scripts::FENCE_READ.key(&lock.key);
-                call.key(&fence_key).arg(&lock.token);
-                async move { call.invoke_async(&mut conn).await }
-            },
-            quorum::accept_fence,
+        let read = Request::script(&scripts::FENCE_READ, keys, [lock.token.as_bytes()]);
+        let Round { tally, .. } = round::round(
+            &self.inner,
+            Ask::Owned,
+            Until::Decided,
+            read,
+            &lock.in_flight,
+            scripts::read_fence,
         )
         .await;
-        if read.quorum_at.is_none() {
-            return Err(read.into_error(&lock.resource, nodes.len(), Refusal::NotHeld));
+        self.note(&tally);
+        if tally.outcome() != Outcome::Quorum {
+            return Err(tally.into_error(&lock.resource));
         }
-        let highest = read.highest.unwrap_or(0);
+        let highest = tally.highest.unwrap_or(0);
         let token = u64::try_from(highest).unwrap_or(0) + 1;
 
-        let write = quorum::round(
-            nodes,
-            node_timeout,
-            Until::QuorumOrImpossible,
-            |mut conn| {
-                let mut call = scripts::FENCE_WRITE.key(&lock.key);
-                call.key(&fence_key).arg(&lock.token).arg(token);
-                async move { call.invoke_async(&mut conn).await }
-            },
-            quorum::accept_script,
+        let number = token.to_string();
+        let write = Request::script(
+            &scripts::FENCE_WRITE,
+            keys,
+            [lock.token.as_bytes(), number.as_bytes()],
+        );
+        let Round { tally, .. } = round::round(
+            &self.inner,
+            Ask::Owned,
+            Until::Decided,
+            write,
+            &lock.in_flight,
+            scripts::read_flag,
         )
         .await;
-        if write.quorum_at.is_none() {
-            return Err(write.into_error(&lock.resource, nodes.len(), Refusal::NotHeld));
+        if tally.outcome() != Outcome::Quorum {
+            return Err(tally.into_error(&lock.resource));
         }
         // Both rounds found the lock ours on a quorum; it must still be valid
         // now for the number to belong to this holder's tenure.

@@ -6,49 +6,8 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{oneshot, watch};
 
-use crate::error::Error;
+use crate::error::{Error, LossReason};
 use crate::lock::Lock;
-
-/// Why a guarded lock is no longer held.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum LossReason {
-    /// Renewal did not reach a quorum before the validity ran out (nodes
-    /// down, paused or partitioned away). `last_error` is the last renewal
-    /// failure, if any renewal was tried.
-    Expired {
-        /// The last renewal error, as text.
-        last_error: Option<String>,
-    },
-    /// A quorum of nodes answered that the key no longer holds our token:
-    /// it expired there and another client took it.
-    TakenOver,
-    /// The builder's `max_hold` limit was reached; renewal stopped.
-    MaxHold {
-        /// The limit that was reached.
-        limit: Duration,
-    },
-    /// The guard released the lock.
-    Released,
-}
-
-impl fmt::Display for LossReason {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            LossReason::Expired { last_error: None } => {
-                f.write_str("the validity ran out before a renewal succeeded")
-            }
-            LossReason::Expired {
-                last_error: Some(e),
-            } => write!(f, "the validity ran out before a renewal succeeded ({e})"),
-            LossReason::TakenOver => f.write_str("the key now belongs to another holder"),
-            LossReason::MaxHold { limit } => {
-                write!(f, "the maximum hold time of {limit:?} was reached")
-            }
-            LossReason::Released => f.write_str("the lock was released"),
-        }
-    }
-}
 
 /// What the watchdog publishes to the guard and its watches.
 #[derive(Debug, Clone)]
@@ -59,6 +18,21 @@ pub(crate) struct State {
     pub(crate) lost: Option<LossReason>,
     /// Successful renewals so far.
     pub(crate) renewals: u64,
+    /// The error of the last renewal, while renewals fail.
+    pub(crate) last_error: Option<String>,
+}
+
+impl State {
+    /// The loss to report: the one the watchdog published, or, past the
+    /// deadline before it did, an expiry with the last renewal error.
+    fn loss(&self) -> Option<LossReason> {
+        if let Some(reason) = &self.lost {
+            return Some(reason.clone());
+        }
+        (!self.lock.is_valid()).then(|| LossReason::Expired {
+            last_error: self.last_error.clone(),
+        })
+    }
 }
 
 /// What the guard asks of its watchdog task.
@@ -117,13 +91,10 @@ impl LockWatch {
         state.lost.is_none() && state.lock.is_valid()
     }
 
-    /// Why the lock was lost, if it was.
+    /// Why the lock was lost, if it was. `Some` exactly when
+    /// [`is_held`](LockWatch::is_held) is false.
     pub fn loss(&self) -> Option<LossReason> {
-        let state = self.rx.borrow();
-        if let Some(reason) = &state.lost {
-            return Some(reason.clone());
-        }
-        (!state.lock.is_valid()).then_some(LossReason::Expired { last_error: None })
+        self.rx.borrow().loss()
     }
 
     /// How many renewals have succeeded.
@@ -132,9 +103,12 @@ impl LockWatch {
     }
 
     /// Resolves once the lock is no longer held: a renewal found the key
-    /// taken over, the `max_hold` limit was reached, or the deadline passed
-    /// without a renewal. It resolves at the deadline at the latest, even if
-    /// a node hangs in the middle of a renewal.
+    /// taken over, the `max_hold` limit was reached, the lock was released,
+    /// or the deadline passed without a renewal. It resolves at the deadline
+    /// at the latest (give or take the scheduling of the watchdog task), even
+    /// if a node hangs in the middle of a renewal. When it resolves,
+    /// [`is_held`](LockWatch::is_held) is false and
+    /// [`loss`](LockWatch::loss) gives the same reason.
     ///
     /// # Cancel safety
     /// Cancel-safe: it only watches.
@@ -148,22 +122,17 @@ impl LockWatch {
                 }
                 state.lock.expires_at
             };
-            tokio::select! {
-                changed = rx.changed() => {
-                    if changed.is_err() {
-                        // The watchdog is gone (runtime shut down): nothing
-                        // renews any more, so the lock ends at its deadline.
-                        tokio::time::sleep_until(crate::watchdog::alarm(deadline)).await;
-                        return self.loss().unwrap_or(LossReason::Expired { last_error: None });
-                    }
-                }
-                () = tokio::time::sleep_until(crate::watchdog::alarm(deadline)) => {
-                    // The renewal may have landed at the last moment.
-                    let state = rx.borrow();
-                    if state.lock.expires_at <= deadline || state.lost.is_some() {
-                        return state.lost.clone().unwrap_or(LossReason::Expired { last_error: None });
-                    }
-                }
+            // The watchdog publishes every loss, at the deadline at the
+            // latest; wait for it, so that the reason is the one it found.
+            if rx.changed().await.is_err() {
+                // The watchdog is gone (forgotten, or its runtime shut
+                // down): nothing renews any more, so the lock ends at its
+                // deadline.
+                tokio::time::sleep_until(deadline.into()).await;
+                let state = rx.borrow();
+                return state.loss().unwrap_or(LossReason::Expired {
+                    last_error: state.last_error.clone(),
+                });
             }
         }
     }
@@ -230,6 +199,11 @@ impl LockGuard {
     /// How many renewals have succeeded.
     pub fn renewals(&self) -> u64 {
         self.watch.renewals()
+    }
+
+    /// Why the lock was lost, if it was; see [`LockWatch::loss`].
+    pub fn loss(&self) -> Option<LossReason> {
+        self.watch.loss()
     }
 
     /// Resolves once the lock is no longer held; see [`LockWatch::lost`].

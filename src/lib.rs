@@ -83,21 +83,23 @@ mod fence;
 mod guard;
 mod lock;
 mod node;
-mod quorum;
 mod redlock;
 mod release;
+mod round;
 mod scripts;
+mod tally;
+mod timing;
 mod watchdog;
 
 pub use crate::builder::{
-    DEFAULT_DRIFT_FACTOR, DEFAULT_NODE_TIMEOUT, DEFAULT_RENEW_CONCURRENCY, DEFAULT_RETRY_COUNT,
-    DEFAULT_RETRY_DELAY, DEFAULT_RETRY_JITTER, RedlockBuilder,
+    DEFAULT_CONNECT_TIMEOUT, DEFAULT_DRIFT_FACTOR, DEFAULT_NODE_TIMEOUT, DEFAULT_RENEW_CONCURRENCY,
+    DEFAULT_RETRY_COUNT, DEFAULT_RETRY_DELAY, DEFAULT_RETRY_JITTER, RedlockBuilder,
 };
-pub use crate::error::{Error, NodeError, NodeFailure};
-pub use crate::guard::{LockGuard, LockWatch, LossReason};
+pub use crate::error::{Error, LossReason, NodeError, NodeFailure};
+pub use crate::guard::{LockGuard, LockWatch};
 pub use crate::lock::Lock;
-pub use crate::quorum::MAX_TTL;
 pub use crate::redlock::Redlock;
+pub use crate::timing::MAX_TTL;
 
 /// The README's examples, compiled as doctests so that they stay true.
 #[cfg(doctest)]

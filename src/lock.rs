@@ -4,6 +4,7 @@ use std::fmt;
 use std::time::{Duration, Instant};
 
 use crate::error::Error;
+use crate::round::InFlight;
 
 /// Bytes of randomness in a token: 160 bits, as the Redlock spec asks.
 const TOKEN_BYTES: usize = 20;
@@ -36,16 +37,46 @@ pub(crate) fn new_token() -> Result<String, Error> {
 /// Its validity is measured on this process's monotonic clock from the
 /// instant the first request of the round was sent, minus the clock drift
 /// allowance; see [`validity`](Lock::validity).
-#[derive(Clone, PartialEq, Eq)]
+#[derive(Clone)]
 pub struct Lock {
     pub(crate) resource: String,
     pub(crate) key: String,
     pub(crate) token: String,
     pub(crate) started_at: Instant,
     pub(crate) expires_at: Instant,
-    /// The ttl the keys were set with (for how long a key can outlive us).
-    pub(crate) ttl: Duration,
+    /// The latest instant a key of this lock can still exist on a node whose
+    /// clock runs at our rate (`Ttl::key_expiry`): how long a release is
+    /// worth retrying.
+    pub(crate) key_expiry: Instant,
+    /// Requests of the rounds that made this lock that may still be running:
+    /// a release or extension on a node waits for them.
+    pub(crate) in_flight: InFlight,
+    /// Rebuilt from a token by [`Redlock::adopt`](crate::Redlock::adopt):
+    /// its validity is unknown here.
+    pub(crate) adopted: bool,
 }
+
+impl PartialEq for Lock {
+    /// Two locks are equal when they are the same grant (or extension) of the
+    /// same token.
+    fn eq(&self, other: &Self) -> bool {
+        (
+            &self.resource,
+            &self.key,
+            &self.token,
+            self.started_at,
+            self.expires_at,
+        ) == (
+            &other.resource,
+            &other.key,
+            &other.token,
+            other.started_at,
+            other.expires_at,
+        )
+    }
+}
+
+impl Eq for Lock {}
 
 impl Lock {
     /// The resource name that was locked.
@@ -73,17 +104,11 @@ impl Lock {
     }
 
     /// The instant after which the lock must be considered lost:
-    /// start of the round + ttl − drift allowance.
+    /// start of the round + ttl − drift allowance. For a lock rebuilt by
+    /// [`Redlock::adopt`](crate::Redlock::adopt), the instant it was rebuilt:
+    /// its validity is not known here.
     pub fn expires_at(&self) -> Instant {
         self.expires_at
-    }
-
-    /// The latest instant at which a key of this lock can still exist on a
-    /// node whose clock runs at our rate: start of the round + ttl.
-    pub(crate) fn key_expiry(&self) -> Instant {
-        self.started_at
-            .checked_add(self.ttl)
-            .unwrap_or(self.expires_at)
     }
 
     /// Time left until [`expires_at`](Lock::expires_at), zero once it has
@@ -107,6 +132,7 @@ impl fmt::Debug for Lock {
             .field("key", &self.key)
             .field("token", &format_args!("{}…", &self.token[..8]))
             .field("validity", &self.validity())
+            .field("adopted", &self.adopted)
             .finish()
     }
 }
@@ -139,7 +165,9 @@ mod tests {
             token: token.clone(),
             started_at: now,
             expires_at: now,
-            ttl: Duration::ZERO,
+            key_expiry: now,
+            in_flight: InFlight::default(),
+            adopted: false,
         };
         let shown = format!("{lock:?}");
         assert!(!shown.contains(&token), "{shown}");

@@ -1,52 +1,139 @@
-//! One Redis node: its address and its long-lived connection.
+//! One Redis node: its address, its identity and its long-lived connection.
+//!
+//! The connection is a redis-rs `MultiplexedConnection`: one socket that many
+//! requests share at once, pipelined in the order they were sent. It is made
+//! on first use (the builder is synchronous and needs no runtime), kept, and
+//! made again when:
+//! - a request on it failed at the connection level (the node restarted, the
+//!   link broke);
+//! - the caller runs on another Tokio runtime than the one it was made on
+//!   (its driver task died with that runtime: a test suite has one runtime
+//!   per test, a CLI may build one per command);
+//! - making it failed, for any reason (refused, timed out, a wrong
+//!   password): it is tried again after a backoff that doubles from 25 ms up
+//!   to one second, so a node that comes back, or whose password is fixed,
+//!   is used again without a restart of the client.
+//!
+//! Making a connection is bounded by the connect timeout, apart from the
+//! per-request node timeout, so that a cold start under a burst of clients
+//! does not count as a slow node.
 
-use std::sync::OnceLock;
-use std::time::Duration;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{Client, ConnectionInfo, RedisResult};
+use redis::aio::MultiplexedConnection;
+use redis::{AsyncConnectionConfig, Client, ConnectionInfo, RedisError, RedisResult};
+
+use crate::error::NodeError;
+
+/// The first pause before a node whose connection failed is tried again.
+const FIRST_BACKOFF: Duration = Duration::from_millis(25);
+/// The longest pause before a node whose connection failed is tried again.
+const MAX_BACKOFF: Duration = Duration::from_secs(1);
+
+/// Which server each node of one manager turned out to be: its `run_id`,
+/// learned on each connection. Two entries of the node list that reach the
+/// same server (by two names, or two databases of it) are one failure
+/// domain, and counting both would let one server grant a quorum alone.
+#[derive(Debug, Default)]
+pub(crate) struct Identities {
+    by_run_id: Mutex<HashMap<String, (usize, String)>>,
+}
+
+impl Identities {
+    /// Records that node `index` (`label`) is the server `run_id`; on a
+    /// clash, the other entry's index and label.
+    fn register(&self, index: usize, label: &str, run_id: &str) -> Result<(), (usize, String)> {
+        if run_id.is_empty() {
+            // A server (or proxy) that hides its run id cannot be compared.
+            return Ok(());
+        }
+        let mut map = self.by_run_id.lock().unwrap_or_else(|e| e.into_inner());
+        // A node that restarted has a new run id: forget its old one.
+        map.retain(|_, (i, _)| *i != index);
+        match map.get(run_id) {
+            Some(other) => Err(other.clone()),
+            None => {
+                map.insert(run_id.to_owned(), (index, label.to_owned()));
+                Ok(())
+            }
+        }
+    }
+}
 
 /// A node of the Redlock quorum.
-///
-/// The connection is a [`ConnectionManager`]: one multiplexed connection that
-/// many requests share at once and that reconnects on its own after the node
-/// restarts. It is made on first use rather than in the (synchronous) builder,
-/// because creating one needs a Tokio runtime; after that every request clones
-/// it, which is an `Arc` clone, so there is no lock on the hot path.
 pub(crate) struct Node {
+    index: usize,
     label: String,
     client: Client,
-    config: ConnectionManagerConfig,
-    conn: OnceLock<ConnectionManager>,
+    connect_timeout: Duration,
+    identities: Arc<Identities>,
+    /// The connection and the failure state, behind a mutex that is never
+    /// held across an await (it guards a clone or a swap).
+    slot: Mutex<Slot>,
+    /// One connection attempt at a time; the others wait for its outcome.
+    gate: tokio::sync::Mutex<()>,
+}
+
+#[derive(Default)]
+struct Slot {
+    live: Option<Live>,
+    failed: Option<Failure>,
+    /// Increases with every connection made, so that a stale failure report
+    /// cannot drop a newer connection.
+    epoch: u64,
+    /// The other entry naming the same server, once detected: a permanent
+    /// configuration error.
+    duplicate_of: Option<(usize, String)>,
+}
+
+struct Live {
+    conn: MultiplexedConnection,
+    runtime: tokio::runtime::Id,
+    epoch: u64,
+}
+
+struct Failure {
+    error: NodeError,
+    retry_at: Instant,
+    backoff: Duration,
+}
+
+/// A connection handed out for one request, and the epoch to report a
+/// connection-level failure against.
+pub(crate) struct Conn {
+    pub(crate) conn: MultiplexedConnection,
+    epoch: u64,
 }
 
 impl std::fmt::Debug for Node {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let connected = self.lock_slot().live.is_some();
         f.debug_struct("Node")
             .field("addr", &self.label)
-            .field("connected", &self.conn.get().is_some())
+            .field("connected", &connected)
             .finish()
     }
 }
 
 impl Node {
-    pub(crate) fn new(info: ConnectionInfo, node_timeout: Duration) -> RedisResult<Self> {
+    pub(crate) fn new(
+        index: usize,
+        info: ConnectionInfo,
+        connect_timeout: Duration,
+        identities: Arc<Identities>,
+    ) -> RedisResult<Self> {
         let label = label(&info);
         let client = Client::open(info)?;
-        // The quorum round bounds every request by `node_timeout` itself, so
-        // the manager gets no response timeout. Reconnection is not retried
-        // inside the manager: a failed connection surfaces as a failed request
-        // at once, and the next request starts a fresh attempt, so a node that
-        // comes back is used again at the next round.
-        let config = ConnectionManagerConfig::new()
-            .set_number_of_retries(0)
-            .set_connection_timeout(Some(node_timeout.max(Duration::from_secs(1))))
-            .set_response_timeout(None);
         Ok(Node {
+            index,
             label,
             client,
-            config,
-            conn: OnceLock::new(),
+            connect_timeout,
+            identities,
+            slot: Mutex::new(Slot::default()),
+            gate: tokio::sync::Mutex::new(()),
         })
     }
 
@@ -55,17 +142,133 @@ impl Node {
         &self.label
     }
 
-    /// The node's connection, created on first use. Must run inside a Tokio
-    /// runtime.
-    pub(crate) fn connection(&self) -> RedisResult<ConnectionManager> {
-        if let Some(conn) = self.conn.get() {
-            return Ok(conn.clone());
-        }
-        let fresh =
-            ConnectionManager::new_lazy_with_config(self.client.clone(), self.config.clone())?;
-        // Two callers may race here; the loser's (unconnected) manager is dropped.
-        Ok(self.conn.get_or_init(|| fresh).clone())
+    fn lock_slot(&self) -> std::sync::MutexGuard<'_, Slot> {
+        // A panic while holding it cannot leave the slot inconsistent (every
+        // write is a single assignment), so a poisoned mutex is still usable.
+        self.slot.lock().unwrap_or_else(|e| e.into_inner())
     }
+
+    /// The cached connection if it is usable on this runtime, else the
+    /// cached failure while its backoff lasts, else `None` (connect).
+    fn cached(&self, runtime: tokio::runtime::Id) -> Option<Result<Conn, NodeError>> {
+        let slot = self.lock_slot();
+        if let Some((other_index, other_node)) = &slot.duplicate_of {
+            return Some(Err(NodeError::SameServer {
+                other_index: *other_index,
+                other_node: other_node.clone(),
+            }));
+        }
+        if let Some(live) = &slot.live
+            && live.runtime == runtime
+        {
+            return Some(Ok(Conn {
+                conn: live.conn.clone(),
+                epoch: live.epoch,
+            }));
+        }
+        if let Some(failed) = &slot.failed
+            && Instant::now() < failed.retry_at
+        {
+            return Some(Err(failed.error.clone()));
+        }
+        None
+    }
+
+    /// The node's connection, made (or made again) when needed. Must run
+    /// inside a Tokio runtime.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe: a connection attempt that is dropped leaves the slot as
+    /// it was, and the next caller tries again.
+    pub(crate) async fn connection(&self) -> Result<Conn, NodeError> {
+        let runtime = tokio::runtime::Handle::current().id();
+        if let Some(cached) = self.cached(runtime) {
+            return cached;
+        }
+        let _gate = self.gate.lock().await;
+        // Someone else may have connected (or failed) while we waited.
+        if let Some(cached) = self.cached(runtime) {
+            return cached;
+        }
+        let made = self.connect().await;
+        let mut slot = self.lock_slot();
+        match made {
+            Ok((conn, run_id)) => {
+                if let Err((other_index, other_node)) =
+                    self.identities.register(self.index, &self.label, &run_id)
+                {
+                    slot.duplicate_of = Some((other_index, other_node.clone()));
+                    slot.live = None;
+                    return Err(NodeError::SameServer {
+                        other_index,
+                        other_node,
+                    });
+                }
+                slot.epoch += 1;
+                let epoch = slot.epoch;
+                slot.live = Some(Live {
+                    conn: conn.clone(),
+                    runtime,
+                    epoch,
+                });
+                slot.failed = None;
+                Ok(Conn { conn, epoch })
+            }
+            Err(error) => {
+                let backoff = slot
+                    .failed
+                    .as_ref()
+                    .map_or(FIRST_BACKOFF, |f| (f.backoff * 2).min(MAX_BACKOFF));
+                slot.live = None;
+                slot.failed = Some(Failure {
+                    error: error.clone(),
+                    retry_at: Instant::now() + backoff,
+                    backoff,
+                });
+                Err(error)
+            }
+        }
+    }
+
+    /// Connects, authenticates (as the URL says) and reads the server's
+    /// `run_id`, all within the connect timeout.
+    async fn connect(&self) -> Result<(MultiplexedConnection, String), NodeError> {
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(self.connect_timeout))
+            .set_response_timeout(None);
+        let work = async {
+            let mut conn = self
+                .client
+                .get_multiplexed_async_connection_with_config(&config)
+                .await?;
+            let info: String = redis::cmd("INFO")
+                .arg("server")
+                .query_async(&mut conn)
+                .await?;
+            Ok::<_, RedisError>((conn, run_id(&info).unwrap_or_default()))
+        };
+        match tokio::time::timeout(self.connect_timeout, work).await {
+            Err(_) => Err(NodeError::Timeout),
+            Ok(Err(e)) => Err(NodeError::from_redis(e)),
+            Ok(Ok(made)) => Ok(made),
+        }
+    }
+
+    /// Reports that a request on `conn` failed at the connection level: the
+    /// next request connects again (at once: the node answered before).
+    pub(crate) fn broken(&self, conn: &Conn) {
+        let mut slot = self.lock_slot();
+        if slot.live.as_ref().is_some_and(|l| l.epoch == conn.epoch) {
+            slot.live = None;
+        }
+    }
+}
+
+/// The `run_id` line of `INFO server`.
+fn run_id(info: &str) -> Option<String> {
+    info.lines()
+        .find_map(|line| line.strip_prefix("run_id:"))
+        .map(|id| id.trim().to_owned())
 }
 
 /// `host:port`, plus `/db` when the database is not 0. Never the password.
@@ -75,5 +278,31 @@ pub(crate) fn label(info: &ConnectionInfo) -> String {
         info.addr().to_string()
     } else {
         format!("{}/{db}", info.addr())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn run_id_is_read_from_info() {
+        let info = "# Server\r\nredis_version:7.0.15\r\nrun_id:abc123\r\ntcp_port:6379\r\n";
+        assert_eq!(run_id(info).as_deref(), Some("abc123"));
+        assert_eq!(run_id("# Server\r\n"), None);
+    }
+
+    #[test]
+    fn one_server_under_two_entries_is_detected() {
+        let ids = Identities::default();
+        assert_eq!(ids.register(0, "x:1", "a"), Ok(()));
+        assert_eq!(ids.register(1, "y:1", "b"), Ok(()));
+        assert_eq!(ids.register(2, "z:1", "a"), Err((0, "x:1".to_owned())));
+        // node 0 restarted: a new run id, and "a" is free again
+        assert_eq!(ids.register(0, "x:1", "c"), Ok(()));
+        assert_eq!(ids.register(2, "z:1", "a"), Ok(()));
+        // no run id: nothing to compare
+        assert_eq!(ids.register(1, "y:1", ""), Ok(()));
+        assert_eq!(ids.register(2, "z:1", ""), Ok(()));
     }
 }

@@ -1,26 +1,51 @@
-//! The `Redlock` manager: acquisition, extension and release on a quorum.
+//! The `Redlock` manager: acquisition, extension, release and the remote
+//! check, on a quorum.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use redis::{Cmd, IntoConnectionInfo};
 
 use crate::builder::{Config, RedlockBuilder};
-use crate::error::Error;
+use crate::error::{Error, NodeError};
 use crate::lock::{Lock, new_token};
 use crate::node::Node;
-use crate::quorum::{self, Refusal, Tally, Ttl, Until, quorum};
-use crate::release::{Cleanup, release};
+use crate::release::{Cleanup, Retries, release_everywhere, release_on};
+use crate::round::{self, InFlight, Request, Round, Until};
 use crate::scripts;
+use crate::tally::{Ask, Outcome, Tally, quorum};
+use crate::timing::{self, Ttl};
+
+/// How long a release of an [adopted](Redlock::adopt) lock is retried on
+/// nodes that could not be reached: its ttl is not known here.
+const ADOPTED_RETRY_WINDOW: Duration = Duration::from_secs(60);
 
 /// A distributed lock manager over N independent Redis masters.
 ///
 /// Cheap to clone (an `Arc` inside); clones share one long-lived,
-/// multiplexed, reconnecting connection per node, made on first use. The
-/// connections (and the watchdogs of [`LockGuard`](crate::LockGuard)s) run
-/// on the Tokio runtime that first used them: use one manager per runtime.
+/// multiplexed connection per node, made on first use and made again when
+/// it breaks, when it failed (with a backoff), or when the manager is used
+/// on another Tokio runtime than the one that made it.
 ///
 /// See the [crate documentation](crate) for the algorithm and its limits.
+///
+/// # Examples
+/// ```no_run
+/// use std::time::Duration;
+/// use redlock_quorum::{Error, Redlock};
+///
+/// # async fn run() -> Result<(), Error> {
+/// let redlock = Redlock::new([
+///     "redis://10.0.0.1:6379/",
+///     "redis://10.0.0.2:6379/",
+///     "redis://10.0.0.3:6379/",
+/// ])?;
+/// let lock = redlock.lock("stock:42", Duration::from_secs(5)).await?;
+/// // ... decrement the stock, within lock.validity() ...
+/// redlock.unlock(&lock).await?;
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Clone, Debug)]
 pub struct Redlock {
     pub(crate) inner: Arc<Inner>,
@@ -28,10 +53,59 @@ pub struct Redlock {
 
 #[derive(Debug)]
 pub(crate) struct Inner {
-    pub(crate) nodes: Vec<Node>,
+    pub(crate) nodes: Vec<Arc<Node>>,
     pub(crate) config: Config,
     /// Admission for the watchdogs' renewals; see `renew_concurrency`.
     pub(crate) renewals: tokio::sync::Semaphore,
+    /// Releases owed to nodes that could not be reached.
+    pub(crate) retries: Retries,
+    /// Set once a round found two entries of the node list on one server.
+    pub(crate) misconfigured: OnceLock<Error>,
+    /// Set once every node was tried once; see [`Inner::warm_up`].
+    pub(crate) warmed: tokio::sync::OnceCell<()>,
+}
+
+impl Inner {
+    /// Before the first round of a manager, connects to every node at once
+    /// and waits until each connected or failed (each bounded by the connect
+    /// timeout). A cold start then costs one parallel connect instead of
+    /// counting against the node timeout, and every node's identity is known
+    /// before anything is counted: a server named twice is refused at the
+    /// first call, not at some later one.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe: a dropped warm-up is started again by the next round.
+    pub(crate) async fn warm_up(&self) {
+        self.warmed
+            .get_or_init(|| async {
+                let made =
+                    futures::future::join_all(self.nodes.iter().map(|n| n.connection())).await;
+                for (index, made) in made.into_iter().enumerate() {
+                    if let Err(NodeError::SameServer {
+                        other_index,
+                        other_node,
+                    }) = made
+                    {
+                        let _ = self.misconfigured.set(Error::DuplicateNode {
+                            index,
+                            node: self.nodes[index].label().to_owned(),
+                            first: other_index,
+                            first_node: other_node,
+                        });
+                    }
+                }
+            })
+            .await;
+    }
+}
+
+/// How long an acquisition keeps trying.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Patience {
+    /// This many retries after the first attempt.
+    Retries(u32),
+    /// Retries while the next attempt would start before this instant.
+    Until(Instant),
 }
 
 impl Redlock {
@@ -71,21 +145,35 @@ impl Redlock {
 
     /// The nodes' addresses, without credentials, in the order given.
     pub fn nodes(&self) -> impl Iterator<Item = &str> {
-        self.inner.nodes.iter().map(Node::label)
+        self.inner.nodes.iter().map(|n| n.label())
+    }
+
+    /// How many releases are still owed to nodes that could not be reached,
+    /// over all nodes (see [`unlock`](Redlock::unlock)).
+    pub fn pending_releases(&self) -> usize {
+        self.inner.retries.owed()
     }
 
     /// Acquires `resource` for `ttl`, retrying up to the configured
     /// `retry_count` times after the first attempt, with `retry_delay` plus
     /// random jitter between attempts.
     ///
-    /// Each attempt sends `SET key token NX PX ttl` to every node at once,
-    /// grants as soon as a quorum agreed, gives up as soon as a quorum is
-    /// impossible, and releases on every node when it fails.
+    /// Each attempt sends `SET key token NX PX ttl GET` to every node at
+    /// once, grants as soon as a quorum agreed, and stops listening as soon
+    /// as the outcome is certain; a failed attempt is released on every
+    /// node. When contenders that started together shared the nodes so that
+    /// none can have a quorum (a split vote), the next attempt settles it.
+    /// The last attempt settles it itself: when no other holder is known to
+    /// have a quorum (a split vote, or too few answers to tell), it releases
+    /// and tries again after a few random milliseconds, up to 6 more rounds
+    /// with at most 315 ms of pauses, so that among contenders that start
+    /// together exactly one wins.
     ///
     /// # Errors
     /// The last attempt's error: [`Error::Conflict`], [`Error::NoQuorum`] or
-    /// [`Error::ValidityExpired`]; [`Error::Redis`] at once (retrying cannot
-    /// help a key of the wrong type or a read-only node); the argument errors
+    /// [`Error::ValidityExpired`]; at once, errors that retrying cannot fix:
+    /// [`Error::Redis`] (a key of the wrong type or a read-only node on too
+    /// many nodes), [`Error::DuplicateNode`]; the argument errors
     /// [`Error::EmptyResource`], [`Error::ZeroTtl`],
     /// [`Error::TtlNotAboveDrift`], [`Error::TtlTooLarge`] before anything is
     /// sent.
@@ -95,22 +183,36 @@ impl Redlock {
     /// longer than needed: the attempt under way is released on every node by
     /// a task spawned on the current Tokio runtime.
     pub async fn lock(&self, resource: &str, ttl: Duration) -> Result<Lock, Error> {
-        let ttl = self.check(resource, ttl)?;
-        let mut attempt = 0;
-        loop {
-            match self.attempt(resource, ttl).await {
-                Ok(lock) => return Ok(lock),
-                Err(e) if attempt < self.inner.config.retry_count && is_retryable(&e) => {
-                    attempt += 1;
-                    let c = &self.inner.config;
-                    tokio::time::sleep(quorum::retry_delay(c.retry_delay, c.retry_jitter)).await;
-                }
-                Err(e) => return Err(e),
-            }
-        }
+        let patience = Patience::Retries(self.inner.config.retry_count);
+        self.lock_patiently(resource, ttl, patience).await
     }
 
-    /// Acquires `resource` for `ttl` with exactly one attempt.
+    /// Acquires `resource` for `ttl`, waiting at most about `wait` for
+    /// another holder to let go: attempts as [`lock`](Redlock::lock) does,
+    /// with the same pause between them, while the next attempt would start
+    /// within `wait` of the call. `Duration::ZERO` makes one attempt, as
+    /// [`try_lock`](Redlock::try_lock). The last attempt may end up to one
+    /// round (bounded by the timeouts) after `wait`.
+    ///
+    /// # Errors
+    /// As [`lock`](Redlock::lock).
+    ///
+    /// # Cancel safety
+    /// As [`lock`](Redlock::lock).
+    pub async fn lock_within(
+        &self,
+        resource: &str,
+        ttl: Duration,
+        wait: Duration,
+    ) -> Result<Lock, Error> {
+        let patience = Patience::Until(timing::after(Instant::now(), wait));
+        self.lock_patiently(resource, ttl, patience).await
+    }
+
+    /// Acquires `resource` for `ttl` with one attempt: it does not wait for
+    /// another holder. It does settle a split vote (see
+    /// [`lock`](Redlock::lock)): among contenders that start together,
+    /// exactly one gets the lock and the others get [`Error::Conflict`].
     ///
     /// # Errors
     /// As [`lock`](Redlock::lock), without the retries.
@@ -118,90 +220,282 @@ impl Redlock {
     /// # Cancel safety
     /// As [`lock`](Redlock::lock): dropping the future leaves no key behind.
     pub async fn try_lock(&self, resource: &str, ttl: Duration) -> Result<Lock, Error> {
+        self.lock_patiently(resource, ttl, Patience::Retries(0))
+            .await
+    }
+
+    /// Acquisition with the given patience; see [`lock`](Redlock::lock).
+    pub(crate) async fn lock_patiently(
+        &self,
+        resource: &str,
+        ttl: Duration,
+        patience: Patience,
+    ) -> Result<Lock, Error> {
         let ttl = self.check(resource, ttl)?;
-        self.attempt(resource, ttl).await
+        let config = &self.inner.config;
+        let mut retries = 0;
+        loop {
+            // A split vote is settled within the attempt only when no retry
+            // follows: a retry settles it too, after the usual pause, without
+            // a burst of rounds from every contender.
+            let pause = timing::retry_delay(config.retry_delay, config.retry_jitter);
+            let last = match patience {
+                Patience::Retries(n) => retries >= n,
+                Patience::Until(deadline) => {
+                    timing::after(Instant::now(), pause.saturating_add(config.node_timeout))
+                        >= deadline
+                }
+            };
+            let split_rounds = if last { timing::SPLIT_VOTE_ROUNDS } else { 0 };
+            match self.attempt(resource, ttl, split_rounds).await {
+                Ok(lock) => return Ok(lock),
+                Err(e) if !last && is_retryable(&e) => {}
+                Err(e) => return Err(e),
+            }
+            retries += 1;
+            tokio::time::sleep(pause).await;
+        }
     }
 
     /// Extends a held lock to `ttl` from now on a quorum, checking ownership
-    /// on every node (the key's expiry is reset only where it still holds our
-    /// token; a missing key is never created). Returns the lock with a fresh
-    /// validity measured from the start of the extension.
+    /// on every node. Returns the lock with a fresh validity measured from
+    /// the start of the extension.
     ///
-    /// A failed extension deletes nothing: where the key is still ours it
-    /// keeps its previous or extended expiry.
+    /// Where our key is missing (a node that restarted empty, or was down
+    /// when the lock was taken), the extension sets it again with our token:
+    /// the lock regains its redundancy. Such a node does not count towards
+    /// this round's quorum, which only nodes that still held our token make.
+    ///
+    /// A failed extension deletes nothing where the lock may still be ours;
+    /// when a quorum answered that it is not ours, our keys are released
+    /// everywhere (they protect nothing any more).
     ///
     /// # Errors
     /// [`Error::NotHeld`] when the lock's validity has already run out or a
-    /// quorum said the key is not ours; [`Error::NoQuorum`] or
-    /// [`Error::Redis`] when too few nodes answered; [`Error::ValidityExpired`]
-    /// when the quorum came too late; the ttl errors as for `lock`.
+    /// quorum answered that the key is not ours; [`Error::NoQuorum`] when
+    /// too few nodes answered for either (a paused or partitioned node: the
+    /// lock may still be ours, try again); [`Error::Redis`];
+    /// [`Error::ValidityExpired`] when the quorum came too late; the ttl
+    /// errors as for `lock`.
     ///
     /// # Cancel safety
-    /// Cancel-safe: dropping the future leaves each node either extended or
+    /// Cancel-safe: dropping the future leaves each node extended, healed or
     /// as it was, and the lock passed in stays valid until its own
     /// `expires_at`.
     pub async fn extend(&self, lock: &Lock, ttl: Duration) -> Result<Lock, Error> {
+        self.configured()?;
         let ttl = Ttl::new(ttl, self.inner.config.drift_factor)?;
-        if !lock.is_valid() {
+        if !lock.adopted && !lock.is_valid() {
             return Err(Error::NotHeld {
                 resource: lock.resource.clone(),
             });
         }
+        let millis = ttl.millis.to_string();
+        let request = Request::script(
+            &scripts::EXTEND,
+            [lock.key.as_bytes()],
+            [lock.token.as_bytes(), millis.as_bytes()],
+        );
         let start = Instant::now();
-        let tally = quorum::round(
-            &self.inner.nodes,
-            self.inner.config.node_timeout,
-            Until::QuorumOrImpossible,
-            |mut conn| {
-                let mut call = scripts::EXTEND.key(&lock.key);
-                call.arg(&lock.token).arg(ttl.millis);
-                async move { call.invoke_async(&mut conn).await }
-            },
-            quorum::accept_script,
+        let Round { tally, in_flight } = round::round(
+            &self.inner,
+            Ask::Owned,
+            Until::Decided,
+            request,
+            &lock.in_flight,
+            scripts::read_extend,
         )
         .await;
-        self.grant(&lock.resource, &lock.key, &lock.token, ttl, start, tally)
-            .map_err(|e| e.into_error(&lock.resource, self.node_count(), Refusal::NotHeld))
+        let in_flight = lock.in_flight.and(&in_flight);
+        let outcome = tally.outcome();
+        match self.grant(&lock.resource, &lock.key, &lock.token, ttl, start, tally) {
+            Ok(mut extended) => {
+                extended.in_flight = in_flight;
+                Ok(extended)
+            }
+            Err(failed) => {
+                if outcome == Outcome::Refused {
+                    // Not ours on a quorum: what is left of ours (healed
+                    // keys included) only keeps others out.
+                    release_everywhere(
+                        &self.inner,
+                        &lock.key,
+                        &lock.token,
+                        ttl.key_expiry(start),
+                        &in_flight,
+                    )
+                    .await;
+                }
+                Err(failed.into_error(&lock.resource))
+            }
+        }
     }
 
     /// Releases the lock on every node where it still holds our token,
-    /// waiting for every node (each bounded by the node timeout). Returns how
-    /// many nodes released it. Nodes that could not be reached are retried
-    /// in the background until the keys would have expired anyway.
+    /// waiting for every node (each bounded by the timeouts). On each node,
+    /// the release is sent after the requests that granted the lock there
+    /// settled, so a `SET` that was still in flight when
+    /// [`lock`](Redlock::lock) returned cannot land after it. Returns how
+    /// many nodes released it.
+    ///
+    /// Nodes that could not be reached are retried in the background, one
+    /// task per node however many locks are owed to it, until the keys
+    /// would have expired anyway or the manager is dropped.
     ///
     /// # Errors
-    /// [`Error::NotHeld`] when no node held our token (the lock expired, or
-    /// changed hands); [`Error::NoQuorum`] or [`Error::Redis`] when so many
-    /// nodes failed or did not answer that the lock may still be in force on
-    /// a quorum of them (it then ends with its ttl).
+    /// [`Error::NotHeld`] when a quorum answered that the key was not ours
+    /// and none released it (the lock expired, or changed hands);
+    /// [`Error::NoQuorum`] or [`Error::Redis`] when so many nodes failed or
+    /// did not answer that the lock may still be in force on a quorum of
+    /// them (it then ends with its ttl).
     ///
     /// # Cancel safety
     /// Dropping the future may leave the keys on nodes that had not been
     /// written to yet; they expire with the lock's ttl.
     pub async fn unlock(&self, lock: &Lock) -> Result<usize, Error> {
-        let tally = release(&self.inner, &lock.key, &lock.token, lock.key_expiry()).await;
+        let tally = release_everywhere(
+            &self.inner,
+            &lock.key,
+            &lock.token,
+            lock.key_expiry,
+            &lock.in_flight,
+        )
+        .await;
+        self.note(&tally);
         // Nodes that failed or did not answer may still hold our key. If
         // they are a quorum, the lock may still be in force: say so.
-        let maybe_held = tally.unreachable + tally.errors;
-        if tally.granted > 0 && maybe_held < self.quorum() {
+        if tally.granted > 0 && tally.unknown + tally.errors < self.quorum() {
             return Ok(tally.granted);
         }
-        Err(tally.into_error(&lock.resource, self.node_count(), Refusal::NotHeld))
+        Err(tally.into_error(&lock.resource))
+    }
+
+    /// Asks the nodes whether the lock is still held: whether a quorum holds
+    /// its token right now. Changes nothing. This is the remote view; the
+    /// local one is [`Lock::validity`], which a holder must still respect
+    /// (a quorum may hold the keys a little past the validity, by design).
+    ///
+    /// # Errors
+    /// [`Error::NoQuorum`] or [`Error::Redis`] when too few nodes answered
+    /// to tell either way.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe: it only reads.
+    pub async fn verify(&self, lock: &Lock) -> Result<bool, Error> {
+        self.configured()?;
+        let request = Request::script(
+            &scripts::CHECK,
+            [lock.key.as_bytes()],
+            [lock.token.as_bytes()],
+        );
+        let Round { tally, .. } = round::round(
+            &self.inner,
+            Ask::Owned,
+            Until::Decided,
+            request,
+            &lock.in_flight,
+            scripts::read_flag,
+        )
+        .await;
+        self.note(&tally);
+        match tally.outcome() {
+            Outcome::Quorum => Ok(true),
+            Outcome::Refused => Ok(false),
+            _ => Err(tally.into_error(&lock.resource)),
+        }
+    }
+
+    /// Rebuilds a lock from its resource and token, handed over by the
+    /// process that acquired it (redsync's `WithValue`): for
+    /// [`unlock`](Redlock::unlock), [`extend`](Redlock::extend) and
+    /// [`verify`](Redlock::verify) only. Its validity is unknown here
+    /// ([`Lock::validity`] is zero until it is extended), and a release to
+    /// an unreachable node is retried for a minute at most.
+    ///
+    /// Whoever passes the token on is responsible for the handover: both
+    /// processes can release or extend the lock, and nothing tells either
+    /// that the other did. Extend it first to learn its validity.
+    ///
+    /// # Errors
+    /// [`Error::EmptyResource`], or [`Error::InvalidSetting`] for an empty
+    /// token.
+    pub fn adopt(&self, resource: &str, token: &str) -> Result<Lock, Error> {
+        if resource.is_empty() {
+            return Err(Error::EmptyResource);
+        }
+        if token.is_empty() {
+            return Err(Error::InvalidSetting {
+                setting: "token",
+                reason: "an adopted lock needs the token its holder gave it",
+            });
+        }
+        let now = Instant::now();
+        Ok(Lock {
+            resource: resource.to_owned(),
+            key: self.key(resource),
+            token: token.to_owned(),
+            started_at: now,
+            expires_at: now,
+            key_expiry: timing::after(now, ADOPTED_RETRY_WINDOW),
+            in_flight: InFlight::default(),
+            adopted: true,
+        })
+    }
+
+    /// The Redis key of a resource.
+    fn key(&self, resource: &str) -> String {
+        format!("{}{resource}", self.inner.config.key_prefix)
+    }
+
+    /// Fails with the configuration error a round found, if any.
+    pub(crate) fn configured(&self) -> Result<(), Error> {
+        match self.inner.misconfigured.get() {
+            Some(e) => Err(e.clone()),
+            None => Ok(()),
+        }
+    }
+
+    /// Remembers a configuration error a round found.
+    pub(crate) fn note(&self, tally: &Tally) {
+        if let Some(error) = tally.same_server_error() {
+            let _ = self.inner.misconfigured.set(error);
+        }
     }
 
     /// Validates the arguments of an acquisition.
     fn check(&self, resource: &str, ttl: Duration) -> Result<Ttl, Error> {
+        self.configured()?;
         if resource.is_empty() {
             return Err(Error::EmptyResource);
         }
         Ttl::new(ttl, self.inner.config.drift_factor)
     }
 
-    /// One acquisition attempt; see [`lock`](Redlock::lock).
-    async fn attempt(&self, resource: &str, ttl: Ttl) -> Result<Lock, Error> {
+    /// One acquisition attempt: a round, and up to `split_rounds` more after
+    /// a split vote; see [`lock`](Redlock::lock).
+    async fn attempt(&self, resource: &str, ttl: Ttl, split_rounds: u32) -> Result<Lock, Error> {
+        let mut split = 0;
+        loop {
+            match self.round_once(resource, ttl).await {
+                Ok(lock) => return Ok(lock),
+                // Contenders shared the nodes, or too few answered to tell:
+                // settle it now rather than give up.
+                Err((_, Outcome::Split | Outcome::MayBeHeld | Outcome::NoQuorum))
+                    if split < split_rounds =>
+                {
+                    tokio::time::sleep(timing::split_vote_pause(split)).await;
+                    split += 1;
+                }
+                Err((error, _)) => return Err(error),
+            }
+        }
+    }
+
+    /// One acquisition round, released everywhere when it fails.
+    async fn round_once(&self, resource: &str, ttl: Ttl) -> Result<Lock, (Error, Outcome)> {
         let inner = &self.inner;
-        let key = format!("{}{resource}", inner.config.key_prefix);
-        let token = new_token()?;
+        let key = self.key(resource);
+        let token = new_token().map_err(|e| (e, Outcome::Errors))?;
         // Cancellation safety: until the attempt has either been granted or
         // released, this guard releases it from a spawned task if the future
         // is dropped.
@@ -209,37 +503,56 @@ impl Redlock {
             inner: Some((inner.clone(), key.clone(), token.clone())),
             key_expiry: ttl.key_expiry(Instant::now()),
         };
+        inner.warm_up().await;
+        if let Err(e) = self.configured() {
+            cleanup.disarm();
+            return Err((e, Outcome::Errors));
+        }
         let mut set = Cmd::new();
         set.arg("SET")
             .arg(&key)
             .arg(&token)
             .arg("NX")
             .arg("PX")
-            .arg(ttl.millis);
-        let set = Arc::new(set);
+            .arg(ttl.millis)
+            .arg("GET");
         let start = Instant::now();
-        let tally = quorum::round(
-            &inner.nodes,
-            inner.config.node_timeout,
-            Until::QuorumOrImpossible,
-            |mut conn| {
-                let set = set.clone();
-                async move { set.query_async(&mut conn).await }
-            },
-            quorum::accept_set,
+        let Round { tally, in_flight } = round::round(
+            inner,
+            Ask::Acquire,
+            Until::Decided,
+            Request::Cmd(Arc::new(set)),
+            &InFlight::default(),
+            scripts::read_set(&token),
         )
         .await;
+        self.note(&tally);
+        let outcome = tally.outcome();
         match self.grant(resource, &key, &token, ttl, start, tally) {
-            Ok(lock) => {
+            Ok(mut lock) => {
                 cleanup.disarm();
+                lock.in_flight = in_flight;
                 Ok(lock)
             }
             Err(failed) => {
-                // Release everywhere, the nodes that refused, failed or have
-                // not answered yet included: a late SET may still land.
-                release(inner, &key, &token, ttl.key_expiry(start)).await;
+                // Release where our key may be: the nodes that agreed, and
+                // those that did not answer (a late SET may still land; each
+                // node's release waits for that node's SET). A node that
+                // answered with another holder's value, or with an error,
+                // did not take our SET.
+                let mut maybe_ours = failed.nodes_that_may_hold_ours();
+                maybe_ours.sort_unstable();
+                release_on(
+                    inner,
+                    Some(&maybe_ours),
+                    &key,
+                    &token,
+                    ttl.key_expiry(start),
+                    &in_flight,
+                )
+                .await;
                 cleanup.disarm();
-                Err(failed.into_error(resource, self.node_count(), Refusal::Conflict))
+                Err((failed.into_error(resource), outcome))
             }
         }
     }
@@ -254,18 +567,22 @@ impl Redlock {
         start: Instant,
         tally: Tally,
     ) -> Result<Lock, Failed> {
-        let Some(quorum_at) = tally.quorum_at else {
-            return Err(Failed::Round(tally));
+        let Some(quorum_at) = tally.quorum_at.filter(|_| tally.same_server.is_none()) else {
+            return Err(Failed::Round(Box::new(tally)));
         };
         // The validity is measured now, not at the quorum: the caller can use
-        // only what is left when it gets the lock.
+        // only what is left when it gets the lock. It counts from `start`,
+        // before the first request was sent.
         let now = Instant::now().max(quorum_at);
         let elapsed = now - start;
-        if quorum::validity(ttl.duration, elapsed, ttl.drift).is_none() {
+        if timing::validity(ttl.duration, elapsed, ttl.drift).is_none() {
+            // Every node may hold it: the round stopped at the quorum.
             return Err(Failed::Late {
                 elapsed,
                 ttl: ttl.duration,
                 drift: ttl.drift,
+                agreed: (0..self.node_count()).collect(),
+                unanswered: Vec::new(),
             });
         }
         Ok(Lock {
@@ -273,30 +590,47 @@ impl Redlock {
             key: key.to_owned(),
             token: token.to_owned(),
             started_at: start,
-            expires_at: ttl.deadline(start),
-            ttl: ttl.duration,
+            expires_at: ttl.expires_at(start),
+            key_expiry: ttl.key_expiry(start),
+            in_flight: InFlight::default(),
+            adopted: false,
         })
     }
 }
 
 /// Why a round did not produce a lock.
 enum Failed {
-    Round(Tally),
+    Round(Box<Tally>),
     Late {
         elapsed: Duration,
         ttl: Duration,
         drift: Duration,
+        agreed: Vec<usize>,
+        unanswered: Vec<usize>,
     },
 }
 
 impl Failed {
-    fn into_error(self, resource: &str, nodes: usize, refusal: Refusal) -> Error {
+    /// The nodes where a failed acquisition's key may be: those that agreed
+    /// and those whose state is unknown.
+    fn nodes_that_may_hold_ours(&self) -> Vec<usize> {
+        let (agreed, unanswered) = match self {
+            Failed::Round(tally) => (&tally.agreed, &tally.unanswered),
+            Failed::Late {
+                agreed, unanswered, ..
+            } => (agreed, unanswered),
+        };
+        agreed.iter().chain(unanswered).copied().collect()
+    }
+
+    fn into_error(self, resource: &str) -> Error {
         match self {
-            Failed::Round(tally) => tally.into_error(resource, nodes, refusal),
+            Failed::Round(tally) => (*tally).into_error(resource),
             Failed::Late {
                 elapsed,
                 ttl,
                 drift,
+                ..
             } => Error::ValidityExpired {
                 resource: resource.to_owned(),
                 elapsed,
@@ -307,6 +641,8 @@ impl Failed {
     }
 }
 
+/// Whether `lock` tries again after this error: contention and nodes that
+/// did not answer may pass; a misconfiguration or a wrong key type will not.
 fn is_retryable(e: &Error) -> bool {
     matches!(
         e,

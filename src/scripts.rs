@@ -1,16 +1,82 @@
-//! The Lua scripts that release and extend a lock, created once.
+//! The commands and Lua scripts of a lock, created once, and how each
+//! node's reply to them is read.
 //!
-//! Both compare the stored value with the caller's token before they touch
-//! the key, inside one script so that nothing can run between the comparison
-//! and the write (a `GET` followed by a `DEL` from the client could delete a
-//! lock that changed hands in between). They are invoked with
-//! [`redis::Script::invoke_async`], which sends `EVALSHA` and, when the node
-//! answers `NOSCRIPT` (a restarted node, `SCRIPT FLUSH`), loads the script and
-//! retries once.
+//! The scripts compare the stored value with the caller's token before they
+//! touch the key, inside one script so that nothing can run between the
+//! comparison and the write (a `GET` followed by a `DEL` from the client could
+//! delete a lock that changed hands in between). They are invoked with
+//! `EVALSHA` and, when the node answers `NOSCRIPT` (a restarted node,
+//! `SCRIPT FLUSH`), loaded and retried once.
+//!
+//! # Key layout
+//! - The lock key is the manager's key prefix followed by the resource name,
+//!   as in the other Redlock clients, so that a mixed fleet excludes each
+//!   other on the same keys.
+//! - The fencing counter of a lock key `K` is `K`, then the byte `0xFF`, then
+//!   `fence`. Resource names and prefixes are UTF-8, and `0xFF` never occurs
+//!   in UTF-8, so no lock key of any resource can ever equal a counter key.
 
 use std::sync::LazyLock;
 
-use redis::Script;
+use redis::{Script, Value};
+
+use crate::tally::Reply;
+
+/// The byte that separates a lock key from the name of a key that belongs to
+/// it: never part of a UTF-8 string, so never part of a lock key.
+const SEPARATOR: u8 = 0xFF;
+
+/// The fencing counter key of a lock key; see the module docs.
+pub(crate) fn fence_key(lock_key: &str) -> Vec<u8> {
+    let mut key = Vec::with_capacity(lock_key.len() + 6);
+    key.extend_from_slice(lock_key.as_bytes());
+    key.push(SEPARATOR);
+    key.extend_from_slice(b"fence");
+    key
+}
+
+/// Reads the reply of `SET key token NX PX ttl GET`: nil where it set the
+/// key; the value already there where it did not. Our own token there (a
+/// request sent again after its connection broke) is agreement.
+pub(crate) fn read_set(token: &str) -> impl Fn(&Value) -> Result<Reply, String> + '_ {
+    move |value| match value {
+        Value::Nil => Ok(Reply::Agreed(None)),
+        Value::BulkString(held) if held.as_slice() == token.as_bytes() => Ok(Reply::Agreed(None)),
+        Value::BulkString(held) => Ok(Reply::Refused {
+            holder: Some(held.clone()),
+        }),
+        other => Err(format!("{other:?}")),
+    }
+}
+
+/// Reads the reply of the unlock, fence-write and check scripts: 1 agreed,
+/// 0 not ours.
+pub(crate) fn read_flag(value: &Value) -> Result<Reply, String> {
+    match value {
+        Value::Int(1) => Ok(Reply::Agreed(None)),
+        Value::Int(0) => Ok(Reply::Refused { holder: None }),
+        other => Err(format!("{other:?}")),
+    }
+}
+
+/// Reads the reply of the extend script: 1 extended, 2 set again where it
+/// was missing, 0 not ours.
+pub(crate) fn read_extend(value: &Value) -> Result<Reply, String> {
+    match value {
+        Value::Int(2) => Ok(Reply::Healed),
+        other => read_flag(other),
+    }
+}
+
+/// Reads the reply of the fencing read: the counter (0 or more) where the
+/// lock is ours, -1 where it is not.
+pub(crate) fn read_fence(value: &Value) -> Result<Reply, String> {
+    match value {
+        Value::Int(n) if *n >= 0 => Ok(Reply::Agreed(Some(*n))),
+        Value::Int(-1) => Ok(Reply::Refused { holder: None }),
+        other => Err(format!("{other:?}")),
+    }
+}
 
 /// `KEYS[1]` = key, `ARGV[1]` = token. Deletes the key only when it holds the
 /// token. Returns 1 when it deleted, 0 otherwise.
@@ -25,12 +91,32 @@ end"#,
 });
 
 /// `KEYS[1]` = key, `ARGV[1]` = token, `ARGV[2]` = ttl in milliseconds.
-/// Resets the expiry only when the key holds the token; never creates a
-/// missing key. Returns 1 when it extended, 0 otherwise.
+/// Where the key holds the token, resets its expiry and returns 1. Where the
+/// key is missing (a node that restarted empty, or was down when the lock
+/// was taken), sets it again with the token and the ttl and returns 2: the
+/// renewal heals the lock, and the caller counts such a node as not ours
+/// for this round. Where another value holds it, returns 0.
 pub(crate) static EXTEND: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
+        r#"local held = redis.call("get", KEYS[1])
+if held == ARGV[1] then
+    redis.call("pexpire", KEYS[1], ARGV[2])
+    return 1
+elseif not held then
+    redis.call("set", KEYS[1], ARGV[1], "PX", ARGV[2])
+    return 2
+else
+    return 0
+end"#,
+    )
+});
+
+/// `KEYS[1]` = key, `ARGV[1]` = token. Returns 1 where the key holds the
+/// token, 0 elsewhere. Changes nothing.
+pub(crate) static CHECK: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
         r#"if redis.call("get", KEYS[1]) == ARGV[1] then
-    return redis.call("pexpire", KEYS[1], ARGV[2])
+    return 1
 else
     return 0
 end"#,
@@ -66,3 +152,47 @@ else
 end"#,
     )
 });
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn replies_are_read_strictly() {
+        let read = read_set("mine");
+        assert_eq!(read(&Value::Nil), Ok(Reply::Agreed(None)));
+        assert_eq!(
+            read(&Value::BulkString(b"mine".to_vec())),
+            Ok(Reply::Agreed(None))
+        );
+        assert_eq!(
+            read(&Value::BulkString(b"theirs".to_vec())),
+            Ok(Reply::Refused {
+                holder: Some(b"theirs".to_vec())
+            })
+        );
+        assert!(read(&Value::Okay).is_err());
+        assert_eq!(read_flag(&Value::Int(1)), Ok(Reply::Agreed(None)));
+        assert_eq!(
+            read_flag(&Value::Int(0)),
+            Ok(Reply::Refused { holder: None })
+        );
+        assert!(read_flag(&Value::Int(2)).is_err());
+        assert!(read_flag(&Value::Nil).is_err());
+        assert_eq!(read_extend(&Value::Int(2)), Ok(Reply::Healed));
+        assert_eq!(read_fence(&Value::Int(7)), Ok(Reply::Agreed(Some(7))));
+        assert_eq!(
+            read_fence(&Value::Int(-1)),
+            Ok(Reply::Refused { holder: None })
+        );
+        assert!(read_fence(&Value::Int(-2)).is_err());
+    }
+
+    #[test]
+    fn no_lock_key_is_a_fence_key() {
+        let fence = fence_key("stock:42");
+        assert!(fence.starts_with(b"stock:42"));
+        assert!(std::str::from_utf8(&fence).is_err(), "never valid UTF-8");
+        assert_ne!(fence, b"stock:42:fence");
+    }
+}

@@ -11,11 +11,11 @@ use std::time::{Duration, Instant};
 use tokio::sync::{oneshot, watch};
 use tokio::time::sleep_until;
 
-use crate::error::Error;
-use crate::guard::{LockGuard, LockWatch, LossReason, State, Stop};
+use crate::error::{Error, LossReason};
+use crate::guard::{LockGuard, LockWatch, State, Stop};
 use crate::lock::Lock;
-use crate::quorum::Ttl;
-use crate::redlock::Redlock;
+use crate::redlock::{Patience, Redlock};
+use crate::timing::{Ttl, after, alarm};
 
 impl Redlock {
     /// Acquires `resource` (with the retries of [`lock`](Redlock::lock)) and
@@ -24,17 +24,102 @@ impl Redlock {
     /// otherwise), until the guard is released, forgotten or dropped, the
     /// lock is lost, or the builder's `max_hold` is reached.
     ///
+    /// # Examples
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use redlock_quorum::{Error, Redlock};
+    ///
+    /// # async fn rebuild_index() {}
+    /// # async fn run(redlock: Redlock) -> Result<(), Error> {
+    /// let guard = redlock.acquire("reindex", Duration::from_secs(10)).await?;
+    /// tokio::select! {
+    ///     () = rebuild_index() => {}
+    ///     reason = guard.lost() => eprintln!("lock lost: {reason}"),
+    /// }
+    /// guard.release().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
     /// # Errors
     /// As [`lock`](Redlock::lock), and [`Error::InvalidSetting`] when the
     /// configured renewal interval is not shorter than `ttl` minus the drift
-    /// allowance.
+    /// allowance, or [`Error::TtlTooShortToRenew`] when `ttl` is too short
+    /// for the default interval.
     ///
     /// # Cancel safety
     /// As [`lock`](Redlock::lock): dropping the future leaves no key behind.
     /// Once it returned, the guard owns the lock.
     pub async fn acquire(&self, resource: &str, ttl: Duration) -> Result<LockGuard, Error> {
+        let patience = Patience::Retries(self.inner.config.retry_count);
+        self.acquire_patiently(resource, ttl, patience).await
+    }
+
+    /// Acquires `resource` with one attempt and a renewing guard: the
+    /// guard of [`acquire`](Redlock::acquire), the patience of
+    /// [`try_lock`](Redlock::try_lock). The shape of a scheduled job that
+    /// every instance starts and only one may run.
+    ///
+    /// # Examples
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use redlock_quorum::{Error, Redlock};
+    ///
+    /// # async fn send_invoices() {}
+    /// # async fn run(redlock: Redlock) -> Result<(), Error> {
+    /// // Every instance's cron fires at 02:00; one runs the job.
+    /// match redlock.try_acquire("job:invoices:2026-12-02", Duration::from_secs(60)).await {
+    ///     Ok(guard) => {
+    ///         send_invoices().await;
+    ///         // Keep the key until it expires, so that an instance whose
+    ///         // clock fired late does not run the job a second time.
+    ///         guard.forget();
+    ///     }
+    ///     Err(Error::Conflict { .. }) => {} // another instance runs it
+    ///     Err(e) => return Err(e),
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    /// As [`acquire`](Redlock::acquire), without the retries.
+    ///
+    /// # Cancel safety
+    /// As [`acquire`](Redlock::acquire).
+    pub async fn try_acquire(&self, resource: &str, ttl: Duration) -> Result<LockGuard, Error> {
+        self.acquire_patiently(resource, ttl, Patience::Retries(0))
+            .await
+    }
+
+    /// Acquires `resource` with a renewing guard, waiting at most about
+    /// `wait` for another holder to let go: the guard of
+    /// [`acquire`](Redlock::acquire), the patience of
+    /// [`lock_within`](Redlock::lock_within).
+    ///
+    /// # Errors
+    /// As [`acquire`](Redlock::acquire).
+    ///
+    /// # Cancel safety
+    /// As [`acquire`](Redlock::acquire).
+    pub async fn acquire_within(
+        &self,
+        resource: &str,
+        ttl: Duration,
+        wait: Duration,
+    ) -> Result<LockGuard, Error> {
+        let patience = Patience::Until(after(Instant::now(), wait));
+        self.acquire_patiently(resource, ttl, patience).await
+    }
+
+    async fn acquire_patiently(
+        &self,
+        resource: &str,
+        ttl: Duration,
+        patience: Patience,
+    ) -> Result<LockGuard, Error> {
         let interval = self.renew_interval(ttl)?;
-        let lock = self.lock(resource, ttl).await?;
+        let lock = self.lock_patiently(resource, ttl, patience).await?;
         Ok(self.guard(lock, ttl, interval))
     }
 
@@ -44,15 +129,37 @@ impl Redlock {
     ///
     /// If the lock is lost while the future runs, the future is dropped
     /// (cancelled at its current await point) and [`Error::LockLost`] is
-    /// returned. The lock is released on every exit path: success, loss, a
-    /// panic in the future (released from the watchdog task as the guard
-    /// unwinds, then the panic goes on), and the cancellation of `with_lock`
-    /// itself. A failed release after the work succeeded is not reported: the
-    /// work's value is returned and the keys expire with their ttl.
+    /// returned. If the future finished but the lock was not held for the
+    /// whole of it (work that blocked the thread past the validity, so that
+    /// the loss could not cancel it), the value is dropped and
+    /// [`Error::LockLost`] is returned too. The lock is released on every
+    /// exit path: success, loss, a panic in the future (released from the
+    /// watchdog task as the guard unwinds, then the panic goes on), and the
+    /// cancellation of `with_lock` itself. A failed release after the work
+    /// succeeded is not reported: the work's value is returned and the keys
+    /// expire with their ttl.
     ///
     /// Work that writes to a resource outside Redis should still check
     /// [`LockWatch::is_held`] before each write, or better, pass a fencing
     /// token: cancellation only happens at await points.
+    ///
+    /// # Examples
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use redlock_quorum::{Error, Redlock};
+    ///
+    /// # async fn run(redlock: Redlock) -> Result<(), Error> {
+    /// let rows = redlock
+    ///     .with_lock("ledger", Duration::from_secs(5), |watch| async move {
+    ///         // ... check watch.is_held() before each write ...
+    ///         assert!(watch.is_held());
+    ///         42
+    ///     })
+    ///     .await?;
+    /// assert_eq!(rows, 42);
+    /// # Ok(())
+    /// # }
+    /// ```
     ///
     /// # Errors
     /// As [`acquire`](Redlock::acquire), and [`Error::LockLost`] when the
@@ -80,35 +187,45 @@ impl Redlock {
             reason = guard.lost() => Err(reason),
             value = &mut work => Ok(value),
         };
-        match outcome {
-            Ok(value) => {
-                drop(work);
-                let _ = guard.release().await;
-                Ok(value)
-            }
-            Err(reason) => {
-                drop(work);
-                let _ = guard.release().await;
-                Err(Error::LockLost {
-                    resource: resource.to_owned(),
-                    reason,
-                })
-            }
-        }
+        drop(work);
+        // The work may have finished after the deadline without yielding
+        // to the watchdog: the guard never says "held" past its deadline.
+        let outcome = match outcome {
+            Ok(value) => match guard.loss() {
+                None => Ok(value),
+                Some(reason) => Err(reason),
+            },
+            Err(reason) => Err(reason),
+        };
+        let _ = guard.release().await;
+        outcome.map_err(|reason| Error::LockLost {
+            resource: resource.to_owned(),
+            reason,
+        })
     }
 
     /// The renewal interval for a ttl: the configured one, or ttl / 3.
     fn renew_interval(&self, ttl: Duration) -> Result<Duration, Error> {
         let config = &self.inner.config;
         let checked = Ttl::new(ttl, config.drift_factor)?;
-        let interval = config.renew_interval.unwrap_or(checked.duration / 3);
-        if interval.is_zero() || interval >= checked.duration - checked.drift {
-            return Err(Error::InvalidSetting {
+        let usable = checked.duration - checked.drift;
+        match config.renew_interval {
+            None => {
+                let interval = checked.duration / 3;
+                if interval.is_zero() || interval >= usable {
+                    return Err(Error::TtlTooShortToRenew {
+                        ttl,
+                        drift: checked.drift,
+                    });
+                }
+                Ok(interval)
+            }
+            Some(interval) if interval >= usable => Err(Error::InvalidSetting {
                 setting: "renew_interval",
-                reason: "must be longer than zero and shorter than the ttl minus the drift allowance",
-            });
+                reason: "must be shorter than the ttl minus the drift allowance",
+            }),
+            Some(interval) => Ok(interval),
         }
-        Ok(interval)
     }
 
     /// Wraps a granted lock in a guard and starts its watchdog.
@@ -117,6 +234,7 @@ impl Redlock {
             lock,
             lost: None,
             renewals: 0,
+            last_error: None,
         });
         let (stop_tx, stop_rx) = oneshot::channel();
         tokio::spawn(watchdog(self.clone(), state_tx, stop_rx, ttl, interval));
@@ -134,9 +252,11 @@ async fn watchdog(
 ) {
     let config = &redlock.inner.config;
     let acquired = state.borrow().lock.started_at;
-    let hold_limit = config.max_hold.map(|limit| (limit, acquired + limit));
-    let mut next = acquired + interval;
-    let mut last_error: Option<String> = None;
+    // A limit too far away to represent is no limit.
+    let hold_limit = config
+        .max_hold
+        .and_then(|limit| Some((limit, acquired.checked_add(limit)?)));
+    let mut next = after(acquired, interval);
 
     // Renew until stopped or lost; then wait for the guard's word.
     let command = loop {
@@ -166,29 +286,35 @@ async fn watchdog(
             // moment: the lock is never reported held after `expires_at`.
             biased;
             command = &mut stop => break command.ok(),
-            () = sleep_until(alarm(deadline)) => LossReason::Expired { last_error: last_error.take() },
+            () = sleep_until(alarm(deadline)) => LossReason::Expired {
+                last_error: state.borrow().last_error.clone(),
+            },
             step = step => match step {
                 Step::MaxHold(limit) => LossReason::MaxHold { limit },
                 Step::Renewed(attempt, Ok(lock)) => {
                     state.send_modify(|s| {
                         s.lock = lock;
                         s.renewals += 1;
+                        s.last_error = None;
                     });
-                    last_error = None;
-                    next = attempt + interval;
+                    next = after(attempt, interval);
                     continue;
                 }
+                // A quorum answered that the key is not ours.
                 Step::Renewed(_, Err(Error::NotHeld { .. })) => LossReason::TakenOver,
                 Step::Renewed(_, Err(e)) => {
-                    // No quorum this time. Another round can take up to the
-                    // node timeout: when less validity than that is left,
-                    // report the loss now rather than at the deadline.
+                    // No quorum this time: the lock may still be ours (a
+                    // node paused, say). Retry until the validity runs out;
+                    // another round can take up to the node timeout, so when
+                    // less validity than that is left, report the loss now
+                    // rather than at the deadline.
+                    let error = e.to_string();
+                    state.send_modify(|s| s.last_error = Some(error.clone()));
                     let now = Instant::now();
                     if deadline.saturating_duration_since(now) <= config.node_timeout {
-                        LossReason::Expired { last_error: Some(e.to_string()) }
+                        LossReason::Expired { last_error: Some(error) }
                     } else {
-                        last_error = Some(e.to_string());
-                        next = now + config.retry_delay.min(interval);
+                        next = after(now, config.retry_delay.min(interval));
                         continue;
                     }
                 }
@@ -214,6 +340,7 @@ enum Step {
     Renewed(Instant, Result<Lock, Error>),
 }
 
+/// Releases a guard's lock from its watchdog task and tells the watches.
 async fn release(
     redlock: &Redlock,
     state: &watch::Sender<State>,
@@ -231,14 +358,4 @@ async fn release(
     if let Some(reply) = reply {
         let _ = reply.send(released);
     }
-}
-
-/// The instant to wake up for a deadline: a millisecond early, because Tokio's
-/// timer fires on the first millisecond tick at or after the instant asked
-/// for, and a lock must never be reported held after its deadline.
-pub(crate) fn alarm(deadline: Instant) -> tokio::time::Instant {
-    deadline
-        .checked_sub(Duration::from_millis(1))
-        .unwrap_or(deadline)
-        .into()
 }

@@ -10,6 +10,14 @@ use support::{Cluster, resource};
 
 const TTL: Duration = Duration::from_secs(10);
 
+/// The fencing counter's key: the lock key, the byte 0xFF, `fence`.
+fn fence_key(lock_key: &str) -> Vec<u8> {
+    let mut key = lock_key.as_bytes().to_vec();
+    key.push(0xFF);
+    key.extend_from_slice(b"fence");
+    key
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tokens_grow_with_every_holder() {
     let cluster = Cluster::shared(5);
@@ -24,13 +32,20 @@ async fn tokens_grow_with_every_holder() {
         redlock.unlock(&lock).await.unwrap();
     }
     assert_eq!(last, 20, "one step per holder");
-    // the counter lives beside the lock key, without expiry
-    let key = format!("{res}:fence");
-    let pttl: i64 = redis::cmd("PTTL")
-        .arg(&key)
+    // the counter lives beside the lock key, without expiry, under a name
+    // that no resource's lock key can have
+    let key = fence_key(&res);
+    assert!(cluster.eventually(Duration::from_secs(2), |c| {
+        (0..5).all(|i| {
+            let pttl: i64 = redis::cmd("PTTL").arg(&key).query(&mut c.conn(i)).unwrap();
+            pttl == -1
+        })
+    }));
+    let old_layout: Option<String> = redis::cmd("GET")
+        .arg(format!("{res}:fence"))
         .query(&mut cluster.conn(0))
         .unwrap();
-    assert_eq!(pttl, -1);
+    assert_eq!(old_layout, None);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -57,16 +72,33 @@ async fn only_the_holder_gets_a_token() {
     let cluster = Cluster::shared(5);
     let redlock = cluster.redlock();
     let res = resource("fence-holder");
-    let fence_key = format!("{res}:fence");
+    let fence_key = fence_key(&res);
+    let counters = |c: &Cluster| -> Vec<Option<String>> {
+        (0..5)
+            .map(|i| {
+                redis::cmd("GET")
+                    .arg(&fence_key)
+                    .query(&mut c.conn(i))
+                    .unwrap()
+            })
+            .collect()
+    };
 
     let lock = redlock.lock(&res, TTL).await.unwrap();
     assert_eq!(redlock.fencing_token(&lock).await.unwrap(), 1);
+    // The write-back returns at a quorum; the slower nodes get it too.
+    assert!(
+        cluster.eventually(Duration::from_secs(2), |c| counters(c)
+            == vec![Some("1".to_owned()); 5]),
+        "{:?}",
+        counters(&cluster)
+    );
     // the key taken over by someone else on every node
     cluster.plant(&[0, 1, 2, 3, 4], &res, "other-holder", TTL);
     let err = redlock.fencing_token(&lock).await.expect_err("not ours");
     assert!(matches!(err, Error::NotHeld { .. }), "{err}");
     assert_eq!(
-        cluster.values(&fence_key),
+        counters(&cluster),
         vec![Some("1".to_owned()); 5],
         "counters untouched"
     );

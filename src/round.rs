@@ -1,0 +1,254 @@
+//! The quorum round: one request per node, all sent at once, each bounded
+//! by the connect and node timeouts, counted by the [`Tally`] until the
+//! outcome is certain.
+//!
+//! When a round stops at a quorum, the requests still pending are finished
+//! by a spawned task, so that slower nodes get the write too. Anything that
+//! later touches the same key on a node (a release, say) must come after
+//! that node's pending request, or a late `SET` could land after the
+//! release and leave the key behind for its whole ttl. [`InFlight`] tracks
+//! which of a round's requests have settled, for that.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::stream::{FuturesUnordered, StreamExt};
+use redis::aio::MultiplexedConnection;
+use redis::{Cmd, RedisResult, Script, Value};
+use tokio::sync::watch;
+
+use crate::error::NodeError;
+use crate::node::Node;
+use crate::redlock::Inner;
+use crate::tally::{Ask, Reply, Tally};
+
+/// One request, the same for every node of a round; cheap to clone.
+#[derive(Clone)]
+pub(crate) enum Request {
+    /// A plain command.
+    Cmd(Arc<Cmd>),
+    /// A script, run by `EVALSHA` with the `NOSCRIPT` fallback.
+    Script {
+        script: &'static Script,
+        keys: Arc<[Vec<u8>]>,
+        args: Arc<[Vec<u8>]>,
+    },
+}
+
+impl Request {
+    /// A script request with its keys and arguments.
+    pub(crate) fn script<const K: usize, const A: usize>(
+        script: &'static Script,
+        keys: [&[u8]; K],
+        args: [&[u8]; A],
+    ) -> Self {
+        Request::Script {
+            script,
+            keys: keys.iter().map(|k| k.to_vec()).collect(),
+            args: args.iter().map(|a| a.to_vec()).collect(),
+        }
+    }
+
+    async fn run(&self, conn: &mut MultiplexedConnection) -> RedisResult<Value> {
+        match self {
+            Request::Cmd(cmd) => cmd.query_async(conn).await,
+            Request::Script { script, keys, args } => {
+                let mut call = script.prepare_invoke();
+                for key in keys.iter() {
+                    call.key(key.as_slice());
+                }
+                for arg in args.iter() {
+                    call.arg(arg.as_slice());
+                }
+                call.invoke_async(conn).await
+            }
+        }
+    }
+}
+
+/// Which requests of earlier rounds on a lock may still be running, per
+/// node. A clone shares the same view.
+#[derive(Clone, Default)]
+pub(crate) struct InFlight {
+    rounds: Vec<watch::Receiver<Vec<bool>>>,
+}
+
+impl InFlight {
+    /// Waits until every earlier request to node `index` has settled:
+    /// answered, timed out, or dropped before it was sent. A request that
+    /// was dropped after it was written to the socket still runs on the
+    /// node, but before anything sent to that node later, on the same
+    /// connection.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe: it only watches.
+    pub(crate) async fn settled(&self, index: usize) {
+        for rx in &self.rounds {
+            let mut rx = rx.clone();
+            // An error means that every request of that round has settled or
+            // been dropped.
+            let _ = rx
+                .wait_for(|done| done.get(index).copied().unwrap_or(true))
+                .await;
+        }
+    }
+
+    /// These rounds followed by `later`, without the rounds that have
+    /// settled on every node.
+    pub(crate) fn and(&self, later: &InFlight) -> InFlight {
+        let rounds = self
+            .rounds
+            .iter()
+            .chain(&later.rounds)
+            .filter(|rx| rx.has_changed().is_ok() && !rx.borrow().iter().all(|d| *d))
+            .cloned()
+            .collect();
+        InFlight { rounds }
+    }
+}
+
+impl std::fmt::Debug for InFlight {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("InFlight")
+            .field("rounds", &self.rounds.len())
+            .finish()
+    }
+}
+
+/// Sends `request` to one node: waits for the node's earlier requests on the
+/// same lock (`after`), connects within the connect timeout, and waits for
+/// the reply within the node timeout. A request on a connection that turns
+/// out to be broken (the node restarted since it was made) is sent once more
+/// on a fresh one.
+pub(crate) async fn call(
+    node: Arc<Node>,
+    index: usize,
+    request: Request,
+    node_timeout: Duration,
+    after: InFlight,
+) -> Result<Value, NodeError> {
+    after.settled(index).await;
+    let mut retried = false;
+    loop {
+        let mut conn = node.connection().await?;
+        match tokio::time::timeout(node_timeout, request.run(&mut conn.conn)).await {
+            Err(_) => return Err(NodeError::Timeout),
+            Ok(Ok(value)) => return Ok(value),
+            Ok(Err(e)) => {
+                let error = NodeError::from_redis(e);
+                if !matches!(error, NodeError::Unreachable(_)) {
+                    return Err(error);
+                }
+                node.broken(&conn);
+                if retried {
+                    return Err(error);
+                }
+                retried = true;
+            }
+        }
+    }
+}
+
+/// How long a round listens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Until {
+    /// Until the outcome is certain: a quorum agreed, or the answers so far
+    /// decide what the failure is ([`Tally::decided`]).
+    Decided,
+    /// Until every node answered (each still bounded by the timeouts).
+    AllNodes,
+}
+
+/// What a round returns: the tally, and its requests that may still run.
+pub(crate) struct Round {
+    pub(crate) tally: Tally,
+    pub(crate) in_flight: InFlight,
+}
+
+/// Sends `request` to every node at once and counts the answers, each read
+/// by `read`.
+///
+/// With [`Until::Decided`] the round returns as soon as the outcome is
+/// certain. The requests still pending then are finished by a spawned task
+/// when the round reached a quorum, and dropped when it did not (the caller
+/// releases everywhere next, after each node's request settled). Each
+/// node's request waits first for that node's requests in `after`.
+///
+/// # Cancel safety
+/// Dropping the future drops the pending requests; a request already
+/// written to a node's socket still runs there, before anything sent to
+/// that node later.
+pub(crate) async fn round<F>(
+    inner: &Inner,
+    ask: Ask,
+    until: Until,
+    request: Request,
+    after: &InFlight,
+    read: F,
+) -> Round
+where
+    F: Fn(&Value) -> Result<Reply, String>,
+{
+    round_on(inner, None, ask, until, request, after, read).await
+}
+
+/// [`round`] on the nodes in `only` (all nodes when `None`); the others are
+/// not asked and count as not answering.
+pub(crate) async fn round_on<F>(
+    inner: &Inner,
+    only: Option<&[usize]>,
+    ask: Ask,
+    until: Until,
+    request: Request,
+    after: &InFlight,
+    read: F,
+) -> Round
+where
+    F: Fn(&Value) -> Result<Reply, String>,
+{
+    inner.warm_up().await;
+    let nodes = &inner.nodes;
+    let node_timeout = inner.config.node_timeout;
+    let (done_tx, done_rx) = watch::channel(vec![false; nodes.len()]);
+    let done_tx = Arc::new(done_tx);
+    let mut pending: FuturesUnordered<_> = nodes
+        .iter()
+        .enumerate()
+        .filter(|(index, _)| only.is_none_or(|only| only.contains(index)))
+        .map(|(index, node)| {
+            let work = call(
+                node.clone(),
+                index,
+                request.clone(),
+                node_timeout,
+                after.clone(),
+            );
+            let done = done_tx.clone();
+            async move {
+                let outcome = work.await;
+                done.send_modify(|d| d[index] = true);
+                (index, outcome)
+            }
+        })
+        .collect();
+    drop(done_tx);
+
+    let mut tally = Tally::new(ask, nodes.len());
+    while let Some((index, outcome)) = pending.next().await {
+        let answer = outcome.and_then(|value| read(&value).map_err(NodeError::UnexpectedReply));
+        tally.record(index, nodes[index].label(), answer);
+        if until == Until::Decided && tally.decided() {
+            break;
+        }
+    }
+    if tally.quorum_at.is_some() && !pending.is_empty() {
+        // Each is bounded by the timeouts, so the task ends soon.
+        tokio::spawn(async move { while pending.next().await.is_some() {} });
+    }
+    Round {
+        tally,
+        in_flight: InFlight {
+            rounds: vec![done_rx],
+        },
+    }
+}

@@ -1,0 +1,410 @@
+//! The quorum rule: how many nodes must agree, when a round has heard
+//! enough to be decided, and what a round that did not reach a quorum means.
+//!
+//! Every "no" is read strictly. A node that did not answer, or answered that
+//! it is busy, says nothing about the key: it never counts as a refusal. So:
+//! - an acquisition is a [`Conflict`](Error::Conflict) only when another
+//!   holder has, or may have, a quorum (the nodes it holds plus the nodes we
+//!   know nothing about reach a quorum);
+//! - a round where contenders shared the nodes and none can have a quorum is
+//!   a split vote, which the attempt settles by trying again at once;
+//! - extend and unlock answer [`NotHeld`](Error::NotHeld) only when a quorum
+//!   answered that the key is not ours; fewer answers are a
+//!   [`NoQuorum`](Error::NoQuorum), which a watchdog retries.
+
+use std::time::Instant;
+
+use crate::error::{Error, NodeError, NodeFailure};
+
+/// How many of `nodes` nodes must agree: a strict majority, `nodes / 2 + 1`.
+pub(crate) const fn quorum(nodes: usize) -> usize {
+    nodes / 2 + 1
+}
+
+/// What a round asks, which decides what a "no" means.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Ask {
+    /// Acquisition: a "no" is another holder's key.
+    Acquire,
+    /// Extend, unlock, fencing, a remote check: a "no" is "not ours".
+    Owned,
+}
+
+/// How one node answered, once its reply was read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Reply {
+    /// It agreed; the number is the script's integer reply, if any.
+    Agreed(Option<i64>),
+    /// The key is not ours there: held by `holder` (when the reply says), or
+    /// missing.
+    Refused { holder: Option<Vec<u8>> },
+    /// The key was missing and the renewal set it again with our token: not
+    /// ours when the round started, ours now.
+    Healed,
+}
+
+/// What a round found.
+#[derive(Debug)]
+pub(crate) struct Tally {
+    ask: Ask,
+    nodes: usize,
+    /// Nodes that agreed.
+    pub(crate) granted: usize,
+    /// Nodes that answered that the key is not ours (healed ones included).
+    pub(crate) refused: usize,
+    /// Nodes where a renewal set the missing key again.
+    pub(crate) healed: usize,
+    /// For acquisitions: how many nodes each other holder's value was seen on.
+    holders: Vec<(Vec<u8>, usize)>,
+    /// Nodes whose state is unknown: timed out, unreachable, busy.
+    pub(crate) unknown: usize,
+    /// Nodes that answered with an error retrying cannot fix.
+    pub(crate) errors: usize,
+    /// What each node that did not agree said.
+    pub(crate) failures: Vec<NodeFailure>,
+    /// The positions of the nodes whose state is unknown.
+    pub(crate) unanswered: Vec<usize>,
+    /// The positions of the nodes that agreed.
+    pub(crate) agreed: Vec<usize>,
+    /// Two entries of the node list that reach one server, if seen: the
+    /// later entry's index and label, the earlier one's index and label.
+    pub(crate) same_server: Option<(usize, String, usize, String)>,
+    /// When the quorum was reached, if it was.
+    pub(crate) quorum_at: Option<Instant>,
+    /// The highest integer reply of the nodes that agreed (the fencing read
+    /// uses it).
+    pub(crate) highest: Option<i64>,
+}
+
+/// How a round that did not reach a quorum ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    /// A quorum agreed.
+    Quorum,
+    /// Another holder has a quorum (acquire), or a quorum said the key is
+    /// not ours (owned).
+    Refused,
+    /// Another holder may have a quorum: with the nodes that did not answer,
+    /// it would. Acquisition only.
+    MayBeHeld,
+    /// Contenders shared the nodes: nobody can have a quorum. Acquisition
+    /// only.
+    Split,
+    /// Errors that retrying cannot fix decided it.
+    Errors,
+    /// Too few nodes answered.
+    NoQuorum,
+}
+
+impl Tally {
+    pub(crate) fn new(ask: Ask, nodes: usize) -> Self {
+        Tally {
+            ask,
+            nodes,
+            granted: 0,
+            refused: 0,
+            healed: 0,
+            holders: Vec::new(),
+            unknown: 0,
+            errors: 0,
+            failures: Vec::new(),
+            unanswered: Vec::new(),
+            agreed: Vec::new(),
+            same_server: None,
+            quorum_at: None,
+            highest: None,
+        }
+    }
+
+    fn required(&self) -> usize {
+        quorum(self.nodes)
+    }
+
+    fn answered(&self) -> usize {
+        self.granted + self.refused + self.unknown + self.errors
+    }
+
+    fn pending(&self) -> usize {
+        self.nodes - self.answered()
+    }
+
+    /// Counts one node's answer.
+    pub(crate) fn record(&mut self, index: usize, node: &str, answer: Result<Reply, NodeError>) {
+        let cause = match answer {
+            Ok(Reply::Agreed(number)) => {
+                self.granted += 1;
+                self.agreed.push(index);
+                self.highest = self.highest.max(number);
+                if self.granted == self.required() {
+                    self.quorum_at = Some(Instant::now());
+                }
+                return;
+            }
+            Ok(Reply::Healed) => {
+                self.refused += 1;
+                self.healed += 1;
+                NodeError::NotOurs
+            }
+            Ok(Reply::Refused { holder }) => {
+                self.refused += 1;
+                match holder {
+                    None => NodeError::NotOurs,
+                    Some(value) => {
+                        match self.holders.iter_mut().find(|(v, _)| *v == value) {
+                            Some((_, n)) => *n += 1,
+                            None => self.holders.push((value, 1)),
+                        }
+                        NodeError::Held
+                    }
+                }
+            }
+            Err(cause) => {
+                if let NodeError::SameServer {
+                    other_index,
+                    other_node,
+                } = &cause
+                {
+                    self.same_server =
+                        Some((index, node.to_owned(), *other_index, other_node.clone()));
+                }
+                if cause.is_transient() {
+                    self.unknown += 1;
+                    self.unanswered.push(index);
+                } else {
+                    self.errors += 1;
+                }
+                cause
+            }
+        };
+        self.failures.push(NodeFailure {
+            node: node.to_owned(),
+            cause,
+        });
+    }
+
+    /// The refusals that make up someone else's quorum: the largest number
+    /// of nodes one other holder was seen on (acquire), or all the "not
+    /// ours" answers (owned).
+    fn claim(&self) -> usize {
+        match self.ask {
+            Ask::Acquire => self.holders.iter().map(|(_, n)| *n).max().unwrap_or(0),
+            Ask::Owned => self.refused,
+        }
+    }
+
+    /// Whether the round can stop listening. An acquisition stops at a
+    /// quorum, and otherwise hears every node: its error then counts every
+    /// holder, and it knows which nodes it need not release (those that
+    /// answered with another holder's value did not take our `SET`). Other
+    /// rounds stop as soon as more answers could not change the outcome.
+    pub(crate) fn decided(&self) -> bool {
+        let required = self.required();
+        if self.granted >= required || self.pending() == 0 {
+            return true;
+        }
+        if self.ask == Ask::Acquire || self.granted + self.pending() >= required {
+            return false;
+        }
+        // No quorum for us. Is it refused, and can more answers change that?
+        let claim = self.claim();
+        claim >= required || claim + self.pending() < required
+    }
+
+    /// The configuration error when two entries of the node list turned out
+    /// to be one server.
+    pub(crate) fn same_server_error(&self) -> Option<Error> {
+        self.same_server
+            .as_ref()
+            .map(|(index, node, first, first_node)| Error::DuplicateNode {
+                index: *index,
+                node: node.clone(),
+                first: *first,
+                first_node: first_node.clone(),
+            })
+    }
+
+    /// What the round amounts to.
+    pub(crate) fn outcome(&self) -> Outcome {
+        let required = self.required();
+        let claim = self.claim();
+        if self.quorum_at.is_some() {
+            Outcome::Quorum
+        } else if claim >= required {
+            Outcome::Refused
+        } else if self.ask == Ask::Acquire && claim > 0 && claim + self.unknown >= required {
+            // Nodes we know nothing about may be the holder's too.
+            Outcome::MayBeHeld
+        } else if self.errors > 0 && self.nodes - self.errors < required {
+            Outcome::Errors
+        } else if self.ask == Ask::Acquire && !self.holders.is_empty() {
+            Outcome::Split
+        } else {
+            Outcome::NoQuorum
+        }
+    }
+
+    /// The error for a round that did not reach a quorum, named after what
+    /// prevented it (see the module docs).
+    pub(crate) fn into_error(self, resource: &str) -> Error {
+        if let Some(error) = self.same_server_error() {
+            return error;
+        }
+        let required = self.required();
+        let resource = resource.to_owned();
+        match (self.outcome(), self.ask) {
+            (Outcome::Refused | Outcome::MayBeHeld | Outcome::Split, Ask::Acquire) => {
+                Error::Conflict {
+                    resource,
+                    held: self.refused,
+                    required,
+                    nodes: self.nodes,
+                    failures: self.failures,
+                }
+            }
+            (Outcome::Refused, Ask::Owned) => Error::NotHeld { resource },
+            (Outcome::Errors, _) => Error::Redis {
+                resource,
+                granted: self.granted,
+                required,
+                failures: self.failures,
+            },
+            _ => Error::NoQuorum {
+                resource,
+                granted: self.granted,
+                required,
+                failures: self.failures,
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quorum_is_a_strict_majority() {
+        let expected = [(1, 1), (2, 2), (3, 2), (4, 3), (5, 3), (6, 4), (7, 4)];
+        for (n, q) in expected {
+            assert_eq!(quorum(n), q, "quorum({n})");
+            assert!(2 * quorum(n) > n, "two quorums of {n} must intersect");
+        }
+    }
+
+    fn held(by: &str) -> Result<Reply, NodeError> {
+        Ok(Reply::Refused {
+            holder: Some(by.as_bytes().to_vec()),
+        })
+    }
+    const OK: Result<Reply, NodeError> = Ok(Reply::Agreed(None));
+    const MISSING: Result<Reply, NodeError> = Ok(Reply::Refused { holder: None });
+    fn down() -> Result<Reply, NodeError> {
+        Err(NodeError::Timeout)
+    }
+    fn wrongtype() -> Result<Reply, NodeError> {
+        Err(NodeError::Reply(redis::RedisError::from((
+            redis::ErrorKind::Server(redis::ServerErrorKind::ResponseError),
+            "WRONGTYPE",
+        ))))
+    }
+
+    fn run(ask: Ask, answers: Vec<Result<Reply, NodeError>>) -> Tally {
+        let mut t = Tally::new(ask, answers.len());
+        for (i, a) in answers.into_iter().enumerate() {
+            t.record(i, "n", a);
+        }
+        t
+    }
+
+    #[test]
+    fn conflict_only_when_another_holder_may_have_a_quorum() {
+        let t = run(Ask::Acquire, vec![OK, held("a"), held("a"), held("a"), OK]);
+        assert_eq!(t.outcome(), Outcome::Refused);
+        let e = t.into_error("r");
+        assert!(matches!(e, Error::Conflict { held: 3, .. }), "{e}");
+        // a holder on two nodes plus one node we know nothing about
+        let t = run(Ask::Acquire, vec![OK, held("a"), held("a"), down(), OK]);
+        assert_eq!(t.outcome(), Outcome::MayBeHeld);
+        assert!(matches!(t.into_error("r"), Error::Conflict { held: 2, .. }));
+    }
+
+    #[test]
+    fn a_shared_vote_is_a_split_not_a_conflict() {
+        let t = run(Ask::Acquire, vec![OK, OK, held("a"), held("a"), held("b")]);
+        assert_eq!(t.outcome(), Outcome::Split);
+        assert!(t.decided());
+    }
+
+    #[test]
+    fn a_failed_acquisition_hears_every_node() {
+        let mut t = Tally::new(Ask::Acquire, 5);
+        t.record(0, "n", held("a"));
+        t.record(1, "n", held("a"));
+        t.record(2, "n", held("a"));
+        assert_eq!(t.outcome(), Outcome::Refused);
+        assert!(!t.decided(), "two more holders to count");
+        t.record(3, "n", held("a"));
+        t.record(4, "n", OK);
+        assert!(t.decided());
+        assert_eq!((t.refused, t.agreed.clone()), (4, vec![4]));
+    }
+
+    #[test]
+    fn owned_rounds_stop_once_the_answers_can_no_longer_change_it() {
+        let mut t = Tally::new(Ask::Owned, 5);
+        t.record(0, "n", MISSING);
+        t.record(1, "n", MISSING);
+        t.record(2, "n", OK);
+        // no quorum of ours possible, and a third "no" would make it NotHeld
+        assert!(!t.decided());
+        t.record(3, "n", MISSING);
+        assert!(t.decided());
+        assert_eq!(t.outcome(), Outcome::Refused);
+        let mut t = Tally::new(Ask::Owned, 5);
+        t.record(0, "n", down());
+        t.record(1, "n", down());
+        t.record(2, "n", down());
+        assert!(t.decided(), "neither outcome is possible any more");
+        assert_eq!(t.outcome(), Outcome::NoQuorum);
+    }
+
+    #[test]
+    fn not_held_needs_a_quorum_of_answers() {
+        // two refused, one paused: no quorum either way
+        let t = run(Ask::Owned, vec![OK, OK, down(), MISSING, MISSING]);
+        assert_eq!(t.outcome(), Outcome::NoQuorum);
+        assert!(matches!(t.into_error("r"), Error::NoQuorum { .. }));
+        let t = run(Ask::Owned, vec![OK, MISSING, MISSING, MISSING, down()]);
+        assert!(matches!(t.into_error("r"), Error::NotHeld { .. }));
+        // healed nodes are not ours yet
+        let t = run(
+            Ask::Owned,
+            vec![OK, OK, Ok(Reply::Healed), Ok(Reply::Healed), down()],
+        );
+        assert_eq!((t.healed, t.outcome()), (2, Outcome::NoQuorum));
+    }
+
+    #[test]
+    fn permanent_errors_and_unreachable_nodes() {
+        let t = run(Ask::Acquire, vec![OK, OK, down(), down(), down()]);
+        assert!(matches!(
+            t.into_error("r"),
+            Error::NoQuorum { granted: 2, .. }
+        ));
+        let t = run(
+            Ask::Acquire,
+            vec![OK, OK, wrongtype(), wrongtype(), wrongtype()],
+        );
+        assert!(matches!(t.into_error("r"), Error::Redis { .. }));
+        // a minority of errors and a node down: retrying may help
+        let t = run(Ask::Acquire, vec![OK, OK, wrongtype(), down(), down()]);
+        assert!(matches!(t.into_error("r"), Error::NoQuorum { .. }));
+    }
+
+    #[test]
+    fn the_quorum_is_timed() {
+        let t = run(Ask::Acquire, vec![OK, held("a"), OK]);
+        assert!(t.quorum_at.is_some() && t.decided());
+        assert_eq!(t.outcome(), Outcome::Quorum);
+    }
+}
