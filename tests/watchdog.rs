@@ -53,28 +53,74 @@ async fn a_guard_keeps_everyone_out_for_four_ttls() {
     assert_eq!(cluster.count(&res, &token), 0);
 }
 
+fn pttls(cluster: &Cluster, key: &str) -> Vec<i64> {
+    (0..cluster.len())
+        .map(|i| {
+            redis::cmd("PTTL")
+                .arg(key)
+                .query(&mut cluster.conn(i))
+                .unwrap()
+        })
+        .collect()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn release_stops_renewal_and_nothing_recreates_the_key() {
     let cluster = Cluster::shared(5);
-    let redlock = cluster.redlock();
     let res = resource("guard-release");
-    // renew very often so that a renewal is likely in flight at release
+    // the default interval (ttl / 3), and a very short one so that a renewal
+    // is likely in flight at release
+    let redlock = cluster.redlock();
     let redlock_fast = cluster
         .builder()
         .renew_interval(Duration::from_millis(5))
         .build()
         .unwrap();
-    for r in [&redlock, &redlock_fast] {
+    for (r, interval) in [
+        (&redlock, TTL / 3),
+        (&redlock_fast, Duration::from_millis(5)),
+    ] {
         let guard = r.acquire(&res, TTL).await.unwrap();
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        let token = guard.lock().token().to_owned();
+        // held across several renewals first, so the watchdog is running
+        let start = Instant::now();
+        while guard.renewals() < 2 {
+            assert!(start.elapsed() < 2 * TTL, "no renewal");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
         let watch = guard.watch();
         let released = guard.release().await.unwrap();
         assert!(released >= 3, "released on {released}");
         assert!(!watch.is_held());
         assert_eq!(watch.loss(), Some(LossReason::Released));
         assert_eq!(cluster.values(&res), vec![None; 5]);
-        // a late renewal must not bring it back
-        tokio::time::sleep(TTL).await;
+        let renewals = watch.renewals();
+
+        // A renewal only touches a key that holds its token, so a watchdog
+        // still running would not show on an empty key. Put the token back
+        // with an expiry far above the ttl: any renewal would cut it to the
+        // ttl. Watch it across several renewal intervals.
+        let planted = Duration::from_secs(30);
+        cluster.plant(&[0, 1, 2, 3, 4], &res, &token, planted);
+        let watch_for = (4 * interval).max(Duration::from_millis(200));
+        let until = Instant::now() + watch_for;
+        while Instant::now() < until {
+            let left = pttls(&cluster, &res);
+            assert!(
+                left.iter().all(|&ms| ms > TTL.as_millis() as i64),
+                "renewed after release: pttl {left:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(watch.renewals(), renewals, "renewed after release");
+        for i in 0..5 {
+            let _: () = redis::cmd("DEL")
+                .arg(&res)
+                .query(&mut cluster.conn(i))
+                .unwrap();
+        }
+        // and the key, once gone, stays gone
+        tokio::time::sleep(watch_for).await;
         assert_eq!(cluster.values(&res), vec![None; 5], "the key came back");
     }
 }
