@@ -219,9 +219,4 @@ async fn unlock_retries_an_unreachable_node_in_the_background() {
         "released on the healed node {:?} after healing",
         healed.elapsed()
     );
-    let pttl: i64 = redis::cmd("PTTL")
-        .arg(&res)
-        .query(&mut cluster.conn(2))
-        .unwrap();
-    assert_eq!(pttl, -2, "gone, not expired later");
 }
