@@ -266,9 +266,10 @@ impl Redlock {
     /// the lock regains its redundancy. Such a node does not count towards
     /// this round's quorum, which only nodes that still held our token make.
     ///
-    /// A failed extension deletes nothing where the lock may still be ours;
-    /// when a quorum answered that it is not ours, our keys are released
-    /// everywhere (they protect nothing any more).
+    /// A failed extension deletes no key that was ours before it: where the
+    /// key is still ours it keeps its previous or extended expiry. When a
+    /// quorum answered that the key is not ours, the keys this extension set
+    /// again are released.
     ///
     /// # Errors
     /// [`Error::NotHeld`] when the lock's validity has already run out or a
@@ -308,17 +309,21 @@ impl Redlock {
         .await;
         let in_flight = lock.in_flight.and(&in_flight);
         let outcome = tally.outcome();
+        let healed = tally.healed.clone();
         match self.grant(&lock.resource, &lock.key, &lock.token, ttl, start, tally) {
             Ok(mut extended) => {
                 extended.in_flight = in_flight;
                 Ok(extended)
             }
             Err(failed) => {
-                if outcome == Outcome::Refused {
-                    // Not ours on a quorum: what is left of ours (healed
-                    // keys included) only keeps others out.
-                    release_everywhere(
+                if outcome == Outcome::Refused && !healed.is_empty() {
+                    // Not ours on a quorum: the keys this extension set
+                    // again would only keep others out. Keys that were
+                    // ours before are left to expire, as after any failed
+                    // extension.
+                    release_on(
                         &self.inner,
+                        Some(&healed),
                         &lock.key,
                         &lock.token,
                         ttl.key_expiry(start),

@@ -52,8 +52,8 @@ pub(crate) struct Tally {
     pub(crate) granted: usize,
     /// Nodes that answered that the key is not ours (healed ones included).
     pub(crate) refused: usize,
-    /// Nodes where a renewal set the missing key again.
-    pub(crate) healed: usize,
+    /// The positions of the nodes where a renewal set the missing key again.
+    pub(crate) healed: Vec<usize>,
     /// For acquisitions: how many nodes each other holder's value was seen on.
     holders: Vec<(Vec<u8>, usize)>,
     /// Nodes whose state is unknown: timed out, unreachable, busy.
@@ -103,7 +103,7 @@ impl Tally {
             nodes,
             granted: 0,
             refused: 0,
-            healed: 0,
+            healed: Vec::new(),
             holders: Vec::new(),
             unknown: 0,
             errors: 0,
@@ -142,7 +142,7 @@ impl Tally {
             }
             Ok(Reply::Healed) => {
                 self.refused += 1;
-                self.healed += 1;
+                self.healed.push(index);
                 NodeError::NotOurs
             }
             Ok(Reply::Refused { holder }) => {
@@ -203,6 +203,11 @@ impl Tally {
             return true;
         }
         if self.ask == Ask::Acquire || self.granted + self.pending() >= required {
+            return false;
+        }
+        if !self.healed.is_empty() {
+            // A failed renewal that set keys again hears every node, to
+            // know every key it set.
             return false;
         }
         // No quorum for us. Is it refused, and can more answers change that?
@@ -381,7 +386,7 @@ mod tests {
             Ask::Owned,
             vec![OK, OK, Ok(Reply::Healed), Ok(Reply::Healed), down()],
         );
-        assert_eq!((t.healed, t.outcome()), (2, Outcome::NoQuorum));
+        assert_eq!((t.healed.len(), t.outcome()), (2, Outcome::NoQuorum));
     }
 
     #[test]

@@ -185,6 +185,13 @@ async fn a_key_of_another_type_on_a_majority_is_a_typed_error() {
     // answers WRONGTYPE, which is a Redis error, not "not held".
     let res = resource("wrongtype-held");
     let lock = redlock.try_lock(&res, TTL).await.unwrap();
+    // try_lock returned at the quorum: wait for every node's SET, or a late
+    // one could land between the DEL and the RPUSH below
+    assert!(
+        cluster.eventually(Duration::from_secs(2), |c| c.count(&res, lock.token()) == 5),
+        "{:?}",
+        cluster.values(&res)
+    );
     for i in [0, 1, 2] {
         let _: () = cluster.conn(i).del(&res).unwrap();
         let _: () = cluster.conn(i).rpush(&res, "not a lock").unwrap();

@@ -135,3 +135,97 @@ fn the_shared_config_persists_every_write() {
     }
     assert!(!settings.iter().any(|l| l.starts_with("replicaof")));
 }
+
+/// Stops the script's cluster (and removes its data) however the test ends.
+struct ScriptCluster {
+    dir: std::path::PathBuf,
+}
+
+impl ScriptCluster {
+    fn run(&self, args: &[&str]) -> std::process::Output {
+        Command::new(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/cluster.sh"))
+            .args(args)
+            .env("REDLOCK_CLUSTER_DIR", &self.dir)
+            .output()
+            .expect("run scripts/cluster.sh")
+    }
+}
+
+impl Drop for ScriptCluster {
+    fn drop(&mut self) {
+        let _ = self.run(&["down"]);
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn port_answers(port: u16) -> bool {
+    use std::io::{Read, Write};
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    let Ok(mut s) =
+        std::net::TcpStream::connect_timeout(&addr, std::time::Duration::from_millis(100))
+    else {
+        return false;
+    };
+    let _ = s.set_read_timeout(Some(std::time::Duration::from_millis(300)));
+    let mut reply = [0u8; 5];
+    s.write_all(b"PING\r\n").is_ok() && s.read_exact(&mut reply).is_ok() && &reply == b"+PONG"
+}
+
+#[test]
+fn cluster_script_restart_keeps_the_node_down_for_the_delay() {
+    // README: `scripts/cluster.sh restart PORT DELAY_S` delays a node's
+    // return. The script's ports are fixed (7001-7005); skip when anything
+    // listens there (a Compose cluster, say), or when redis-server is absent.
+    let ports = script_ports();
+    if ports.iter().any(|&p| {
+        std::net::TcpStream::connect(std::net::SocketAddr::from(([127, 0, 0, 1], p))).is_ok()
+    }) || Command::new("redis-cli").arg("--version").output().is_err()
+    {
+        eprintln!("skipped: ports 7001-7005 in use, or no redis-cli");
+        return;
+    }
+    let cluster = ScriptCluster {
+        dir: std::env::temp_dir().join(format!("redlock-script-cluster-{}", std::process::id())),
+    };
+    let up = cluster.run(&["up"]);
+    assert!(up.status.success(), "up: {up:?}");
+    assert!(ports.iter().all(|&p| port_answers(p)), "all five up");
+
+    let port = ports[2];
+    let delay = std::time::Duration::from_secs(2);
+    let start = std::time::Instant::now();
+    let mut restart = Command::new(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/cluster.sh"))
+        .args(["restart", &port.to_string(), &delay.as_secs().to_string()])
+        .env("REDLOCK_CLUSTER_DIR", &cluster.dir)
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("run restart");
+    // down soon after the call, and it stays down for the delay
+    let mut down_at = None;
+    let mut back_at = None;
+    while start.elapsed() < delay * 3 && back_at.is_none() {
+        let answers = port_answers(port);
+        match (down_at, answers) {
+            (None, false) => down_at = Some(start.elapsed()),
+            (Some(_), true) => back_at = Some(start.elapsed()),
+            _ => {}
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert!(restart.wait().unwrap().success(), "restart failed");
+    let down_at = down_at.expect("the node never went down");
+    let back_at = back_at.expect("the node did not come back");
+    assert!(
+        down_at < std::time::Duration::from_secs(1),
+        "went down after {down_at:?}"
+    );
+    assert!(
+        back_at - down_at >= delay,
+        "down for {:?} only, asked for {delay:?}",
+        back_at - down_at
+    );
+    // the other nodes were not touched
+    for &p in ports.iter().filter(|&&p| p != port) {
+        assert!(port_answers(p), "node {p} went down");
+    }
+}

@@ -44,8 +44,12 @@ async fn child_contender() {
         hold_once(redlock, plan, holder).await;
         return;
     }
+    if std::env::var("REDLOCK_CHILD_DIE").is_ok() {
+        hold_until_killed(redlock, plan).await;
+        return;
+    }
     let tally = workload::contend(redlock, holder, plan, Sink::Print).await;
-    println!("@@T {} {}", tally.acquisitions, tally.failures);
+    println!("{}", tally.line());
 }
 
 fn builder(urls: &[String]) -> redlock_quorum::RedlockBuilder {
@@ -62,15 +66,17 @@ struct Child {
 impl Child {
     /// A one-shot holder (see `hold_once`) with extra environment.
     fn spawn_with(plan: &Plan, holder: &str, env: &[(&str, String)]) -> Self {
-        Self::spawn_env(plan, holder, true, env)
+        let mut env = env.to_vec();
+        env.push(("REDLOCK_CHILD_ONCE", "1".to_owned()));
+        Self::spawn_env(plan, holder, &env)
     }
 
     /// A contender running the workload loop.
     fn spawn(plan: &Plan, holder: &str) -> Self {
-        Self::spawn_env(plan, holder, false, &[])
+        Self::spawn_env(plan, holder, &[])
     }
 
-    fn spawn_env(plan: &Plan, holder: &str, once: bool, env: &[(&str, String)]) -> Self {
+    fn spawn_env(plan: &Plan, holder: &str, env: &[(&str, String)]) -> Self {
         let mut cmd = tokio::process::Command::new(std::env::current_exe().unwrap());
         cmd.args([
             "--ignored",
@@ -84,9 +90,6 @@ impl Child {
         .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
         .stderr(Stdio::null())
         .kill_on_drop(true);
-        if once {
-            cmd.env("REDLOCK_CHILD_ONCE", "1");
-        }
         Child {
             child: cmd.spawn().expect("spawn contender process"),
         }
@@ -125,26 +128,46 @@ async fn run_workload<F: std::future::Future<Output = u64>>(
     let faults = inject.await;
     let mut total = Tally::default();
     for t in tasks {
-        let tally = t.await.expect("contender task");
-        total.acquisitions += tally.acquisitions;
-        total.failures += tally.failures;
+        total.add(t.await.expect("contender task"));
     }
-    for child in children {
+    for (i, child) in children.into_iter().enumerate() {
         let out = child.output().await;
-        checker.ingest(&out);
-        assert!(
-            out.contains("@@T "),
-            "a contender process did not finish: {out}"
+        let records = checker.ingest(&out);
+        let tally = out
+            .lines()
+            .find_map(Tally::parse)
+            .unwrap_or_else(|| panic!("contender process {i} did not finish: {out}"));
+        // each acquisition printed a window, an entry and an exit: the
+        // checker judged all of them
+        assert_eq!(
+            records as u64,
+            3 * tally.acquisitions,
+            "contender process {i}: records read for {} acquisitions",
+            tally.acquisitions
         );
-        for line in out.lines() {
-            if let Some(rest) = line.find("@@T ").map(|at| &line[at + 4..]) {
-                let mut it = rest.split_whitespace().map(|x| x.parse::<u64>().unwrap());
-                total.acquisitions += it.next().unwrap();
-                total.failures += it.next().unwrap();
-            }
-        }
+        total.add(tally);
     }
     (total, faults)
+}
+
+/// The hand-off between two holders in the workload: the test builder's
+/// retry delay (5 ms) plus its mean jitter (5 ms).
+const HAND_OFF: Duration = Duration::from_millis(10);
+
+/// The fewest acquisitions a healthy run of `plan` gives, to catch a lock
+/// that fails safe but stops working (a cleanup that leaves keys behind
+/// blocks the resource for a ttl at a time: such a run got 1-3 acquisitions
+/// in 3 s where 90-174 are normal). Derived from the time one acquisition
+/// takes, the mean hold plus the hand-off: lock/unlock runs are dominated by
+/// the faults and the load (on a 2-core machine with two CPU burners beside
+/// the suite, the slowest, lost replies, gave 28 of an expected 193), so
+/// they must reach a tenth of that; watchdog runs hold for longer than the
+/// ttl and are dominated by the hold itself, so they must reach half.
+fn liveness_floor(plan: &Plan) -> u64 {
+    let mean_hold = Duration::from_millis((plan.hold_ms.0 + plan.hold_ms.1) / 2);
+    let expected = plan.duration.as_secs_f64() / (mean_hold + HAND_OFF).as_secs_f64();
+    let fraction = if plan.watchdog { 0.5 } else { 0.1 };
+    (expected * fraction).floor() as u64
 }
 
 /// After the faults healed: a fresh client gets the lock within `bound`,
@@ -158,12 +181,20 @@ async fn settle(
     tally: Tally,
     faults: u64,
 ) {
+    // "At once": no leftover key may make the fresh client wait for an
+    // expiry, so it must get the lock well within one ttl (the margin is for
+    // a loaded machine; it takes a few milliseconds).
     let fresh = builder(urls).retry_count(1000).build().unwrap();
     let start = Instant::now();
-    let bound = plan.ttl * 2 + Duration::from_secs(2);
+    let bound = plan.ttl / 2;
     let lock = tokio::time::timeout(bound, fresh.lock(&plan.resource, plan.ttl))
         .await
-        .unwrap_or_else(|_| panic!("{name}: no fresh acquisition within {bound:?}"))
+        .unwrap_or_else(|_| {
+            panic!(
+                "{name}: no fresh acquisition within {bound:?} (half the ttl); keys {:?}",
+                cluster.values(&plan.resource)
+            )
+        })
         .unwrap_or_else(|e| panic!("{name}: fresh acquisition failed: {e}"));
     let liveness = start.elapsed();
     fresh.unlock(&lock).await.unwrap();
@@ -180,9 +211,12 @@ async fn settle(
     let overlaps = checker.overlaps();
     let interleavings = checker.interleavings();
     let violations = overlaps.len() + interleavings.len();
+    let floor = liveness_floor(plan);
     println!(
-        "fault {name}: acquisitions {}, faults injected {faults}, violations {violations}, keys leaked {leaked}, fresh lock after {:.0} ms",
+        "fault {name}: acquisitions {} (floor {floor}), faults injected {faults}, violations {violations}, keys leaked {leaked}, unlock errors {} (bugs {}), fresh lock after {:.0} ms",
         tally.acquisitions,
+        tally.unlock_errors,
+        tally.unlock_bugs,
         liveness.as_secs_f64() * 1e3
     );
     assert!(
@@ -200,7 +234,22 @@ async fn settle(
         "{name}: keys left {:?}",
         cluster.values(&plan.resource)
     );
-    assert!(tally.acquisitions > 0, "{name}: nobody ever got the lock");
+    assert_eq!(
+        checker.len() as u64,
+        tally.acquisitions,
+        "{name}: windows recorded (in this process and the children) vs acquisitions"
+    );
+    assert!(
+        tally.acquisitions >= floor.max(1),
+        "{name}: only {} acquisitions in {:?}, fewer than {floor}: the lock stopped working",
+        tally.acquisitions,
+        plan.duration
+    );
+    assert_eq!(
+        tally.unlock_bugs, 0,
+        "{name}: unlock said \"not held\" while the lock was valid, or a node answered with an error ({} unlock errors in all)",
+        tally.unlock_errors
+    );
     assert!(faults > 0, "{name}: no fault was injected");
 }
 
@@ -211,14 +260,7 @@ fn plan(
     hold_ms: (u64, u64),
     watchdog: bool,
 ) -> Plan {
-    Plan {
-        urls,
-        resource: resource(topic),
-        ttl,
-        hold_ms,
-        watchdog,
-        duration: fault_secs(),
-    }
+    Plan::new(urls, resource(topic), ttl, hold_ms, watchdog, fault_secs())
 }
 
 /// Two distinct node indexes out of five.
@@ -569,6 +611,90 @@ async fn hold_once(redlock: Redlock, plan: Plan, holder: String) {
     println!("@@WRITE {}", u8::from(accepted));
 }
 
+/// The child side of `a_holder_process_that_dies_loses_its_lock_after_one_ttl`:
+/// hold the lock under a renewing guard, say so once it has been renewed past
+/// its first ttl, and keep holding until the parent kills this process.
+async fn hold_until_killed(redlock: Redlock, plan: Plan) {
+    let guard = redlock
+        .acquire(&plan.resource, plan.ttl)
+        .await
+        .expect("child acquire");
+    println!("@@GRANTED");
+    while guard.renewals() < 4 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    println!("@@RENEWED");
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    drop(guard);
+}
+
+/// Reads the child's stdout until a line contains `marker`, for at most
+/// `within`.
+async fn wait_for_line(
+    lines: &mut tokio::io::Lines<BufReader<tokio::process::ChildStdout>>,
+    marker: &str,
+    within: Duration,
+) {
+    tokio::time::timeout(within, async {
+        loop {
+            let line = lines
+                .next_line()
+                .await
+                .unwrap()
+                .unwrap_or_else(|| panic!("child ended before {marker}"));
+            if line.contains(marker) {
+                return;
+            }
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("no {marker} from the child within {within:?}"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_process_that_dies_loses_its_lock_after_one_ttl() {
+    // README: "when the process dies, renewal stops and the lock expires
+    // after one ttl". The holder is a separate process renewing under a
+    // guard; it is killed with SIGKILL (no drop, no release).
+    let cluster = Cluster::start(5);
+    let ttl = Duration::from_millis(1000);
+    let plan = plan(cluster.urls().to_vec(), "f-dead-holder", ttl, (1, 1), true);
+    let mut child = Child::spawn_env(&plan, "dying-holder", &[("REDLOCK_CHILD_DIE", "1".into())]);
+    let stdout = child.child.stdout.take().unwrap();
+    let mut lines = BufReader::new(stdout).lines();
+    wait_for_line(&mut lines, "@@GRANTED", Duration::from_secs(10)).await;
+    let granted = Instant::now();
+    wait_for_line(&mut lines, "@@RENEWED", 4 * ttl).await;
+    let other = builder(cluster.urls()).retry_count(1000).build().unwrap();
+    // renewed past its first ttl, and still held
+    assert!(granted.elapsed() > ttl);
+    let err = other
+        .try_lock(&plan.resource, ttl)
+        .await
+        .expect_err("held by the child");
+    assert!(matches!(err, Error::Conflict { .. }), "{err}");
+
+    child.signal(libc::SIGKILL);
+    let killed = Instant::now();
+    let _ = child.child.wait().await;
+    let margin = Duration::from_millis(500);
+    let lock = tokio::time::timeout(ttl + margin, other.lock(&plan.resource, ttl))
+        .await
+        .unwrap_or_else(|_| panic!("the dead holder's lock outlived ttl + {margin:?}"))
+        .expect("another client gets the lock");
+    let waited = killed.elapsed();
+    println!(
+        "fault dead holder process: lock free {:.0} ms after SIGKILL (ttl {} ms)",
+        waited.as_secs_f64() * 1e3,
+        ttl.as_millis()
+    );
+    // The last renewal came at most one interval (ttl / 3) before the kill,
+    // so the keys lived on for at least two thirds of a ttl: the lock expired,
+    // it was not released.
+    assert!(waited >= ttl / 2, "freed after only {waited:?}");
+    other.unlock(&lock).await.unwrap();
+}
+
 /// The protected resource (a store apart from the lock nodes): accepts a
 /// write only with a fencing token at least as high as any it has seen.
 fn fenced_write(url: &str, resource: &str, fence: u64, writer: &str) -> bool {
@@ -715,52 +841,58 @@ async fn control_an_immediate_restart_without_persistence_lets_a_second_holder_i
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn control_a_bare_del_release_lets_two_holders_interleave() {
-    // A test-only client that releases with a bare DEL (the mistake the
-    // token-checked script exists to prevent). Its lock expires while it
-    // works; b takes over; a's DEL then deletes b's key and c walks in
-    // while b is still inside.
+    // The real workload and checker (six tasks, two child processes), with
+    // holders that stall between their work and their release, past their
+    // ttl. With the ownership-checked unlock that is harmless: the late
+    // release finds the next holder's token and leaves it. With a bare DEL
+    // (the mistake the script exists to prevent) a late release deletes the
+    // next holder's key while it works, a third client walks in, and the
+    // checker must report it. The work itself ends well within the validity,
+    // so only the release can cause a violation.
     let cluster = Cluster::start(5);
-    let checker = Checker::default();
-    let res = resource("control-del");
-    let a = builder(cluster.urls()).build().unwrap();
-    let b = builder(cluster.urls()).retry_count(100).build().unwrap();
-    let c = builder(cluster.urls()).retry_count(100).build().unwrap();
-
-    let lock_a = a.try_lock(&res, Duration::from_millis(200)).await.unwrap();
-    checker.section("a", true);
-    tokio::time::sleep(Duration::from_millis(300)).await; // outlives its ttl
-    checker.section("a", false);
-    let lock_b = b.lock(&res, Duration::from_secs(10)).await.unwrap();
-    checker.section("b", true);
-    for i in 0..5 {
-        let _: () = redis::cmd("DEL")
-            .arg(&res)
-            .query(&mut cluster.conn(i))
-            .unwrap(); // a's "release"
+    let duration = fault_secs().max(Duration::from_secs(3));
+    let control = |bare_del: bool| {
+        let mut p = plan(
+            cluster.urls().to_vec(),
+            if bare_del {
+                "control-del"
+            } else {
+                "control-checked"
+            },
+            Duration::from_millis(250),
+            (100, 150),
+            false,
+        );
+        p.duration = duration;
+        p.release_after_ms = (250, 400);
+        p.bare_del = bare_del;
+        p
+    };
+    let mut found = Vec::new();
+    for bare_del in [false, true] {
+        let plan = control(bare_del);
+        let checker = Arc::new(Checker::default());
+        let (tally, _) = run_workload(&plan, &checker, async { 0 }).await;
+        let (overlaps, interleavings) = (checker.overlaps(), checker.interleavings());
+        println!(
+            "control {} release, late: acquisitions {}, overlapping windows {}, interleaved sections {}",
+            if bare_del { "bare DEL" } else { "checked" },
+            tally.acquisitions,
+            overlaps.len(),
+            interleavings.len()
+        );
+        assert_eq!(checker.len() as u64, tally.acquisitions);
+        assert!(tally.acquisitions >= 4, "too few acquisitions to judge");
+        found.push((overlaps.len(), interleavings.len()));
     }
-    let lock_c = c
-        .lock(&res, Duration::from_secs(10))
-        .await
-        .expect("the DEL freed b's lock");
-    checker.section("c", true);
-    checker.section("c", false);
-    checker.section("b", false);
-    let _ = (lock_a, lock_b, lock_c);
-    let interleavings = checker.interleavings();
-    println!(
-        "control bare DEL: violations detected {}",
-        interleavings.len()
-    );
     assert_eq!(
-        interleavings.len(),
-        1,
-        "the checker missed a planted interleaving"
+        found[0],
+        (0, 0),
+        "the checked release must not let holders overlap"
     );
-    assert_eq!(
-        (
-            interleavings[0].inside.as_str(),
-            interleavings[0].entered.as_str()
-        ),
-        ("b", "c")
+    assert!(
+        found[1].0 > 0 && found[1].1 > 0,
+        "the checker missed the bare DEL's violations: {:?}",
+        found[1]
     );
 }

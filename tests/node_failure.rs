@@ -170,3 +170,53 @@ async fn a_killed_and_restarted_node_is_reconnected() {
     assert!(cluster.count(&res, lock.token()) >= 2);
     redlock.unlock(&lock).await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unlock_retries_an_unreachable_node_in_the_background() {
+    use support::proxy::{Fault, Proxy};
+    // Through proxies: a paused node would run the release queued on its
+    // socket when resumed, retry or not. A reset connection loses it, so
+    // only the background retry can remove the key there.
+    let mut cluster = Cluster::start(5);
+    let mut proxies = Vec::new();
+    for i in 0..5 {
+        proxies.push(Proxy::to_port(cluster.node(i).port()).await);
+    }
+    let redlock = redlock_quorum::Redlock::builder(proxies.iter().map(Proxy::url))
+        .build()
+        .unwrap();
+    support::warm(&redlock).await;
+    let res = resource("unlock-retry");
+    let ttl = Duration::from_secs(30);
+    let lock = redlock.try_lock(&res, ttl).await.unwrap();
+    assert!(
+        cluster.eventually(Duration::from_secs(2), |c| c.count(&res, lock.token()) == 5),
+        "{:?}",
+        cluster.values(&res)
+    );
+    proxies[2].set(Fault::Reset);
+    let released = redlock.unlock(&lock).await.expect("4 of 5 released");
+    assert_eq!(released, 4);
+    assert_eq!(
+        cluster.value_on(2, &res).as_deref(),
+        Some(lock.token()),
+        "the unreachable node still holds the key"
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        cluster.value_on(2, &res).is_some(),
+        "released through a reset proxy?"
+    );
+    proxies[2].set(Fault::NONE);
+    // the retry pauses double up to a second: well within 3 s of healing,
+    // and far before the 30 s ttl
+    let healed = Instant::now();
+    assert!(
+        cluster.eventually(Duration::from_secs(3), |c| c.value_on(2, &res).is_none()),
+        "the key stayed on the node that was unreachable during unlock"
+    );
+    println!(
+        "released on the healed node {:?} after healing",
+        healed.elapsed()
+    );
+}

@@ -53,7 +53,20 @@ async fn unlock_and_extend_with_a_foreign_token_leave_the_keys_untouched() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn extend_keeps_the_lock_past_its_original_ttl() {
     let cluster = Cluster::shared(5);
-    let (a, b) = (cluster.redlock(), cluster.redlock());
+    // a generous node timeout: under load a 50 ms timeout turns b's
+    // conflict into NoQuorum, which says nothing about the lock
+    let (a, b) = (
+        cluster
+            .builder()
+            .node_timeout(Duration::from_secs(1))
+            .build()
+            .unwrap(),
+        cluster
+            .builder()
+            .node_timeout(Duration::from_secs(1))
+            .build()
+            .unwrap(),
+    );
     let res = resource("extend");
     let ttl = Duration::from_millis(400);
     let mut lock = a.try_lock(&res, ttl).await.unwrap();
@@ -72,12 +85,36 @@ async fn extend_keeps_the_lock_past_its_original_ttl() {
     }
     // 800 ms after the original 400 ms ttl began, still held
     assert!(std::time::Instant::now() > first_expiry);
-    assert!(matches!(
-        b.try_lock(&res, ttl).await,
-        Err(Error::Conflict { .. })
-    ));
+    let other = b.try_lock(&res, ttl).await;
+    assert!(
+        matches!(other, Err(Error::Conflict { .. })),
+        "b during a's extended lock (still valid: {}): {other:?}",
+        lock.is_valid()
+    );
     assert_eq!(cluster.count(&res, lock.token()), 5);
     a.unlock(&lock).await.unwrap();
+}
+
+/// Waits until every node holds `token` under `key`: calls that return at
+/// the quorum leave the slower nodes' requests in flight.
+fn wait_for_all(cluster: &Cluster, key: &str, token: &str) {
+    assert!(
+        cluster.eventually(Duration::from_secs(2), |c| c.count(key, token) == c.len()),
+        "not every node got {token}: {:?}",
+        cluster.values(key)
+    );
+}
+
+/// Expires `key` on every node now, as the nodes do when a ttl runs out.
+fn expire_on_nodes(cluster: &Cluster, key: &str) {
+    for i in 0..cluster.len() {
+        let _: i64 = redis::cmd("PEXPIRE")
+            .arg(key)
+            .arg(1)
+            .query(&mut cluster.conn(i))
+            .unwrap();
+    }
+    assert!(cluster.eventually(Duration::from_secs(1), |c| c.values(key) == vec![None; 5]));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -85,21 +122,57 @@ async fn extend_after_expiry_is_not_held_and_spares_the_new_holder() {
     let cluster = Cluster::shared(5);
     let (a, b) = (cluster.redlock(), cluster.redlock());
     let res = resource("extend-expired");
-    let ttl = Duration::from_millis(200);
-    let old = a.try_lock(&res, ttl).await.unwrap();
-    tokio::time::sleep(ttl + Duration::from_millis(50)).await;
-    let new = b.try_lock(&res, TTL).await.expect("expired, so free");
 
-    let err = a.extend(&old, TTL).await.expect_err("expired");
+    // The nodes let a's keys expire and b takes over, while a's handle is
+    // still valid on a's clock (as when the nodes' clocks ran fast): the
+    // client cannot refuse the extension itself, the nodes must.
+    let old = a.try_lock(&res, TTL).await.unwrap();
+    wait_for_all(&cluster, &res, old.token());
+    expire_on_nodes(&cluster, &res);
+    let new = b.try_lock(&res, TTL).await.expect("expired, so free");
+    wait_for_all(&cluster, &res, new.token());
+    assert!(old.is_valid(), "the extension must reach the nodes");
+    let err = a
+        .extend(&old, Duration::from_secs(60))
+        .await
+        .expect_err("not ours on the nodes");
     assert!(matches!(err, Error::NotHeld { .. }), "{err}");
-    assert_eq!(cluster.count(&res, new.token()), 5);
+    // the new holder's keys keep their value and their expiry (not a's 60 s);
+    // a's requests to the two slower nodes may still be in flight: look twice
+    for _ in 0..2 {
+        assert_eq!(cluster.count(&res, new.token()), 5);
+        for i in 0..5 {
+            let left = pttl(&cluster, i, &res);
+            assert!(
+                left > 0 && left <= TTL.as_millis() as i64,
+                "expiry untouched on node {i}: {left}"
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     b.unlock(&new).await.unwrap();
 
-    // extend of an expired lock whose keys are gone creates nothing
-    let gone = a.try_lock(&res, ttl).await.unwrap();
-    tokio::time::sleep(ttl + Duration::from_millis(50)).await;
-    assert!(a.extend(&gone, TTL).await.is_err());
+    // An extension of a lock whose keys are gone creates nothing, decided by
+    // the nodes too (the handle is still valid on the client).
+    let gone = a.try_lock(&res, TTL).await.unwrap();
+    wait_for_all(&cluster, &res, gone.token());
+    expire_on_nodes(&cluster, &res);
+    assert!(gone.is_valid(), "the extension must reach the nodes");
+    let err = a.extend(&gone, TTL).await.expect_err("no key to extend");
+    assert!(matches!(err, Error::NotHeld { .. }), "{err}");
+    tokio::time::sleep(Duration::from_millis(100)).await;
     assert_eq!(cluster.values(&res), vec![None; 5], "no key recreated");
+
+    // And once the handle itself has expired, the client refuses at once.
+    let short = a.try_lock(&res, Duration::from_millis(200)).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    let err = a.extend(&short, TTL).await.expect_err("expired");
+    assert!(matches!(err, Error::NotHeld { .. }), "{err}");
+    assert!(
+        cluster.eventually(Duration::from_secs(1), |c| c.values(&res) == vec![None; 5]),
+        "no key recreated: {:?}",
+        cluster.values(&res)
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -108,6 +181,7 @@ async fn a_failed_extension_deletes_nothing_that_is_still_ours() {
     let redlock = cluster.redlock();
     let res = resource("extend-fail");
     let lock = redlock.try_lock(&res, TTL).await.unwrap();
+    wait_for_all(&cluster, &res, lock.token());
     // a majority taken over by another value: the extension must fail, and
     // the two nodes still ours keep our key (other clients delete it there)
     cluster.plant(&[0, 1, 2], &res, "other-holder", TTL);
@@ -146,9 +220,13 @@ async fn unlock_and_extend_survive_a_flushed_script_cache() {
         .extend(&lock, Duration::from_secs(20))
         .await
         .expect("extend after flush");
+    // extend returned at the quorum; the slower nodes' extensions (each
+    // loading the flushed script first) finish on their own
     assert!(
-        pttl(&cluster, 0, &res) > 10_000,
-        "the extension reached the node"
+        cluster.eventually(Duration::from_secs(2), |c| (0..c.len())
+            .all(|i| pttl(c, i, &res) > 10_000)),
+        "the extension reached every node: {:?}",
+        (0..5).map(|i| pttl(&cluster, i, &res)).collect::<Vec<_>>()
     );
     flush();
     assert_eq!(redlock.unlock(&lock).await.expect("unlock after flush"), 5);

@@ -53,28 +53,74 @@ async fn a_guard_keeps_everyone_out_for_four_ttls() {
     assert_eq!(cluster.count(&res, &token), 0);
 }
 
+fn pttls(cluster: &Cluster, key: &str) -> Vec<i64> {
+    (0..cluster.len())
+        .map(|i| {
+            redis::cmd("PTTL")
+                .arg(key)
+                .query(&mut cluster.conn(i))
+                .unwrap()
+        })
+        .collect()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn release_stops_renewal_and_nothing_recreates_the_key() {
     let cluster = Cluster::shared(5);
-    let redlock = cluster.redlock();
     let res = resource("guard-release");
-    // renew very often so that a renewal is likely in flight at release
+    // the default interval (ttl / 3), and a very short one so that a renewal
+    // is likely in flight at release
+    let redlock = cluster.redlock();
     let redlock_fast = cluster
         .builder()
         .renew_interval(Duration::from_millis(5))
         .build()
         .unwrap();
-    for r in [&redlock, &redlock_fast] {
+    for (r, interval) in [
+        (&redlock, TTL / 3),
+        (&redlock_fast, Duration::from_millis(5)),
+    ] {
         let guard = r.acquire(&res, TTL).await.unwrap();
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        let token = guard.lock().token().to_owned();
+        // held across several renewals first, so the watchdog is running
+        let start = Instant::now();
+        while guard.renewals() < 2 {
+            assert!(start.elapsed() < 2 * TTL, "no renewal");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
         let watch = guard.watch();
         let released = guard.release().await.unwrap();
         assert!(released >= 3, "released on {released}");
         assert!(!watch.is_held());
         assert_eq!(watch.loss(), Some(LossReason::Released));
         assert_eq!(cluster.values(&res), vec![None; 5]);
-        // a late renewal must not bring it back
-        tokio::time::sleep(TTL).await;
+        let renewals = watch.renewals();
+
+        // A renewal only touches a key that holds its token, so a watchdog
+        // still running would not show on an empty key. Put the token back
+        // with an expiry far above the ttl: any renewal would cut it to the
+        // ttl. Watch it across several renewal intervals.
+        let planted = Duration::from_secs(30);
+        cluster.plant(&[0, 1, 2, 3, 4], &res, &token, planted);
+        let watch_for = (4 * interval).max(Duration::from_millis(200));
+        let until = Instant::now() + watch_for;
+        while Instant::now() < until {
+            let left = pttls(&cluster, &res);
+            assert!(
+                left.iter().all(|&ms| ms > TTL.as_millis() as i64),
+                "renewed after release: pttl {left:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(watch.renewals(), renewals, "renewed after release");
+        for i in 0..5 {
+            let _: () = redis::cmd("DEL")
+                .arg(&res)
+                .query(&mut cluster.conn(i))
+                .unwrap();
+        }
+        // and the key, once gone, stays gone
+        tokio::time::sleep(watch_for).await;
         assert_eq!(cluster.values(&res), vec![None; 5], "the key came back");
     }
 }
@@ -322,4 +368,166 @@ fn guards_are_send_sync_and_static() {
     fn check<T: Send + Sync + 'static>() {}
     check::<redlock_quorum::LockGuard>();
     check::<redlock_quorum::LockWatch>();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_resolves_by_the_deadline_when_nodes_hang_mid_renewal() {
+    let mut cluster = Cluster::start(5);
+    // A node timeout far beyond the ttl: a renewal sent to hung nodes waits
+    // that long for them, and lost() must not.
+    let node_timeout = Duration::from_secs(5);
+    let redlock = cluster
+        .builder()
+        .node_timeout(node_timeout)
+        .build()
+        .unwrap();
+    let res = resource("guard-hang");
+    let guard = redlock.acquire(&res, TTL).await.unwrap();
+    let start = Instant::now();
+    while guard.renewals() < 1 {
+        assert!(start.elapsed() < TTL, "no renewal");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // Three nodes hang (SIGSTOP): they keep their sockets and answer nothing,
+    // so the next renewal can neither win nor fail before the node timeout.
+    for i in [1, 2, 4] {
+        cluster.node(i).pause();
+    }
+    let renewals = guard.renewals();
+    let reason = tokio::time::timeout(2 * TTL, guard.lost())
+        .await
+        .expect("lost() resolves while the renewal hangs");
+    let lost_at = Instant::now();
+    let deadline = guard.expires_at();
+    assert!(matches!(reason, LossReason::Expired { .. }), "{reason}");
+    assert!(!guard.is_held());
+    // a renewal that landed just before the pause may have moved the
+    // deadline; none can land after it
+    assert!(guard.renewals() <= renewals + 1);
+    // by the deadline (the margin is for the scheduler of a loaded machine,
+    // far below the node timeout the renewal is stuck in)
+    assert!(
+        lost_at <= deadline + Duration::from_millis(50),
+        "lost() fired {:?} after the deadline",
+        lost_at - deadline
+    );
+    assert!(
+        lost_at >= deadline - Duration::from_millis(2),
+        "lost() fired early"
+    );
+    for i in [1, 2, 4] {
+        cluster.node(i).resume();
+    }
+    drop(guard);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renew_concurrency_of_one_still_keeps_many_guards_held() {
+    let cluster = Cluster::shared(5);
+    let redlock = cluster.builder().renew_concurrency(1).build().unwrap();
+    let guards: Vec<_> = futures::future::join_all((0..40).map(|_| {
+        let redlock = redlock.clone();
+        async move { redlock.acquire(&resource("renew-one"), TTL).await }
+    }))
+    .await
+    .into_iter()
+    .map(|g| g.expect("acquire"))
+    .collect();
+    let start = Instant::now();
+    while start.elapsed() < 3 * TTL {
+        for g in &guards {
+            assert!(g.is_held(), "lost with renewals one at a time");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for g in &guards {
+        assert!(g.renewals() >= 5, "renewals: {}", g.renewals());
+    }
+    for g in guards {
+        assert_eq!(g.release().await.unwrap(), 5);
+    }
+}
+
+/// How far apart `guards` first renewals complete, each measured from its
+/// own acquisition, with every reply delayed by `latency` (through proxies)
+/// and at most `concurrency` renewals in flight.
+async fn first_renewal_spread(
+    cluster: &mut Cluster,
+    concurrency: usize,
+    guards: usize,
+    latency: Duration,
+) -> Duration {
+    use support::proxy::{Fault, Proxy};
+    let mut proxies = Vec::new();
+    for i in 0..cluster.len() {
+        proxies.push(Proxy::to_port(cluster.node(i).port()).await);
+    }
+    let redlock = redlock_quorum::Redlock::builder(proxies.iter().map(Proxy::url))
+        .renew_concurrency(concurrency)
+        .node_timeout(Duration::from_millis(500))
+        .build()
+        .unwrap();
+    support::warm(&redlock).await;
+    let ttl = Duration::from_millis(1500);
+    // acquired without latency, so that their renewals fall due together
+    let held: Vec<_> = futures::future::join_all((0..guards).map(|_| {
+        let redlock = redlock.clone();
+        async move { redlock.acquire(&resource("renew-spread"), ttl).await }
+    }))
+    .await
+    .into_iter()
+    .map(|g| g.expect("acquire"))
+    .collect();
+    let acquired: Vec<Instant> = held.iter().map(|g| g.lock().started_at()).collect();
+    for p in &proxies {
+        p.set(Fault::Latency(latency));
+    }
+    let mut first = vec![None; guards];
+    let start = Instant::now();
+    while first.iter().any(Option::is_none) {
+        assert!(start.elapsed() < 2 * ttl, "renewals did not happen");
+        for (i, g) in held.iter().enumerate() {
+            if first[i].is_none() && g.renewals() > 0 {
+                first[i] = Some(Instant::now());
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    for p in &proxies {
+        p.set(Fault::NONE);
+    }
+    for g in held {
+        g.release().await.unwrap();
+    }
+    // how much later than its own due time each guard renewed, beyond the
+    // earliest
+    let late: Vec<Duration> = first
+        .into_iter()
+        .zip(&acquired)
+        .map(|(renewed, acquired)| renewed.unwrap() - *acquired)
+        .collect();
+    *late.iter().max().unwrap() - *late.iter().min().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renew_concurrency_serializes_renewals() {
+    let mut cluster = Cluster::start(5);
+    let (guards, latency) = (6, Duration::from_millis(40));
+    // one at a time: each renewal waits for the one before, a round trip of
+    // at least the latency each
+    let serial = first_renewal_spread(&mut cluster, 1, guards, latency).await;
+    // all at once: they complete together
+    let parallel = first_renewal_spread(&mut cluster, guards, guards, latency).await;
+    println!(
+        "first renewals of {guards} guards spread over {serial:?} one at a time, {parallel:?} at once"
+    );
+    let serialized = latency * (guards as u32 - 1);
+    assert!(
+        serial >= serialized * 3 / 4,
+        "renewals were not serialized: spread {serial:?}, expected about {serialized:?}"
+    );
+    assert!(
+        parallel < serialized / 2,
+        "renewals at once were spread over {parallel:?}"
+    );
 }

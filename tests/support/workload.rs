@@ -27,6 +27,36 @@ pub struct Plan {
     pub watchdog: bool,
     /// How long to keep contending.
     pub duration: Duration,
+    /// Pause between leaving the critical section and releasing, in
+    /// milliseconds (a holder stalled before its release): `(0, 0)` for none.
+    /// Lock/unlock only.
+    pub release_after_ms: (u64, u64),
+    /// Release with a bare `DEL` on every node instead of the
+    /// ownership-checked `unlock`: the bug the negative control plants.
+    pub bare_del: bool,
+}
+
+impl Plan {
+    /// A plan with no release delay and the real, checked release.
+    pub fn new(
+        urls: Vec<String>,
+        resource: String,
+        ttl: Duration,
+        hold_ms: (u64, u64),
+        watchdog: bool,
+        duration: Duration,
+    ) -> Self {
+        Plan {
+            urls,
+            resource,
+            ttl,
+            hold_ms,
+            watchdog,
+            duration,
+            release_after_ms: (0, 0),
+            bare_del: false,
+        }
+    }
 }
 
 /// Where a client's records go.
@@ -60,10 +90,50 @@ impl Sink {
 /// What one client did.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct Tally {
-    /// Locks granted.
+    /// Locks granted and worked under (each recorded one window and one
+    /// critical section for the checker).
     pub acquisitions: u64,
     /// Attempts that failed (conflict, no quorum, lost).
     pub failures: u64,
+    /// `unlock` calls that returned an error.
+    pub unlock_errors: u64,
+    /// `unlock` errors that indicate a bug: every node answered before the
+    /// lock's validity ended and yet no node held our token (`NotHeld`), or
+    /// a node answered with an error reply (`Redis`). The fault tests take
+    /// out at most a minority, so neither can happen to a correct client.
+    pub unlock_bugs: u64,
+}
+
+impl Tally {
+    /// Adds another client's tally.
+    pub fn add(&mut self, other: Tally) {
+        self.acquisitions += other.acquisitions;
+        self.failures += other.failures;
+        self.unlock_errors += other.unlock_errors;
+        self.unlock_bugs += other.unlock_bugs;
+    }
+
+    /// The tally as a line for a parent process ([`Tally::parse`]).
+    pub fn line(&self) -> String {
+        format!(
+            "@@T {} {} {} {}",
+            self.acquisitions, self.failures, self.unlock_errors, self.unlock_bugs
+        )
+    }
+
+    /// Reads a line made by [`Tally::line`] (anywhere in `line`).
+    pub fn parse(line: &str) -> Option<Tally> {
+        let at = line.find("@@T ")?;
+        let mut it = line[at + 4..]
+            .split_whitespace()
+            .map(|x| x.parse::<u64>().ok());
+        Some(Tally {
+            acquisitions: it.next()??,
+            failures: it.next()??,
+            unlock_errors: it.next()??,
+            unlock_bugs: it.next()??,
+        })
+    }
 }
 
 /// Records the end of a critical section and of the window when dropped, so
@@ -86,16 +156,41 @@ impl Drop for Inside {
     }
 }
 
+/// Connections for a bare-`DEL` release, one per node.
+async fn bare_connections(urls: &[String]) -> Vec<redis::aio::MultiplexedConnection> {
+    let mut out = Vec::new();
+    for url in urls {
+        let client = redis::Client::open(url.as_str()).expect("url");
+        out.push(
+            client
+                .get_multiplexed_async_connection()
+                .await
+                .expect("connect for the bare DEL"),
+        );
+    }
+    out
+}
+
 /// One client's loop.
 pub async fn contend(redlock: Redlock, holder: String, plan: Plan, sink: Sink) -> Tally {
     let mut tally = Tally::default();
+    let mut bare = if plan.bare_del {
+        bare_connections(&plan.urls).await
+    } else {
+        Vec::new()
+    };
     let end = Instant::now() + plan.duration;
     while Instant::now() < end {
         let hold = Duration::from_millis(rand::rng().random_range(plan.hold_ms.0..=plan.hold_ms.1));
         let outcome = if plan.watchdog {
             let (sink, holder) = (sink.clone(), holder.clone());
-            redlock
+            // with_lock may report a loss before the work ever ran; count
+            // only acquisitions that recorded a window
+            let ran = Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let ran2 = ran.clone();
+            let result = redlock
                 .with_lock(&plan.resource, plan.ttl, |watch| async move {
+                    ran2.store(true, std::sync::atomic::Ordering::SeqCst);
                     let granted = Instant::now();
                     sink.section(&holder, true);
                     let token = watch.lock().token().to_owned();
@@ -109,7 +204,11 @@ pub async fn contend(redlock: Redlock, holder: String, plan: Plan, sink: Sink) -
                     };
                     tokio::time::sleep(hold).await;
                 })
-                .await
+                .await;
+            if ran.load(std::sync::atomic::Ordering::SeqCst) {
+                tally.acquisitions += 1;
+            }
+            result
         } else {
             match redlock.lock(&plan.resource, plan.ttl).await {
                 Ok(lock) => {
@@ -126,16 +225,42 @@ pub async fn contend(redlock: Redlock, holder: String, plan: Plan, sink: Sink) -
                         };
                         tokio::time::sleep(hold).await;
                     }
-                    let _ = redlock.unlock(&lock).await;
+                    tally.acquisitions += 1;
+                    let (lo, hi) = plan.release_after_ms;
+                    if hi > 0 {
+                        let stall = rand::rng().random_range(lo..=hi);
+                        tokio::time::sleep(Duration::from_millis(stall)).await;
+                    }
+                    if plan.bare_del {
+                        for con in &mut bare {
+                            let _: Result<i64, _> =
+                                redis::cmd("DEL").arg(&plan.resource).query_async(con).await;
+                        }
+                    } else if let Err(e) = redlock.unlock(&lock).await {
+                        tally.unlock_errors += 1;
+                        // Every node that answered did so before now; our
+                        // keys outlive the validity on every node that took
+                        // them, so "not held" before the validity ended
+                        // means something deleted a live lock.
+                        let answered_in_time = Instant::now() < lock.expires_at();
+                        let bug = match e {
+                            Error::NotHeld { .. } => answered_in_time,
+                            Error::Redis { .. } => true,
+                            _ => false,
+                        };
+                        if bug {
+                            tally.unlock_bugs += 1;
+                            eprintln!("{holder}: unlock error that indicates a bug: {e}");
+                        }
+                    }
                     Ok(())
                 }
                 Err(e) => Err(e),
             }
         };
         match outcome {
-            Ok(()) => tally.acquisitions += 1,
+            Ok(()) => {}
             Err(Error::LockLost { .. }) => {
-                tally.acquisitions += 1;
                 tally.failures += 1;
             }
             Err(_) => {
@@ -170,6 +295,14 @@ pub fn plan_env(plan: &Plan, holder: &str) -> Vec<(String, String)> {
             plan.duration.as_millis().to_string(),
         ),
         ("REDLOCK_CHILD_HOLDER".into(), holder.to_owned()),
+        (
+            "REDLOCK_CHILD_RELEASE_AFTER_MS".into(),
+            format!("{}-{}", plan.release_after_ms.0, plan.release_after_ms.1),
+        ),
+        (
+            "REDLOCK_CHILD_BARE_DEL".into(),
+            u8::from(plan.bare_del).to_string(),
+        ),
     ]
 }
 
@@ -178,6 +311,8 @@ pub fn plan_from_env() -> Option<(Plan, String)> {
     let get = |k: &str| std::env::var(k).ok();
     let hold = get("REDLOCK_CHILD_HOLD_MS")?;
     let (lo, hi) = hold.split_once('-')?;
+    let release_after = get("REDLOCK_CHILD_RELEASE_AFTER_MS")?;
+    let (after_lo, after_hi) = release_after.split_once('-')?;
     Some((
         Plan {
             urls: get("REDLOCK_CHILD_URLS")?
@@ -189,6 +324,8 @@ pub fn plan_from_env() -> Option<(Plan, String)> {
             hold_ms: (lo.parse().ok()?, hi.parse().ok()?),
             watchdog: get("REDLOCK_CHILD_WATCHDOG")? == "1",
             duration: Duration::from_millis(get("REDLOCK_CHILD_MS")?.parse().ok()?),
+            release_after_ms: (after_lo.parse().ok()?, after_hi.parse().ok()?),
+            bare_del: get("REDLOCK_CHILD_BARE_DEL")? == "1",
         },
         get("REDLOCK_CHILD_HOLDER")?,
     ))
