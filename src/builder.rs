@@ -4,7 +4,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use redis::{IntoConnectionInfo, RedisError};
+use redis::ConnectionInfo;
+
+use crate::address::NodeAddress;
+use crate::address::sealed::Sealed;
 
 use crate::error::Error;
 use crate::node::{Identities, Node, label};
@@ -44,7 +47,7 @@ pub(crate) struct Config {
 #[derive(Debug)]
 #[must_use = "a builder does nothing until `build` is called"]
 pub struct RedlockBuilder {
-    nodes: Vec<Result<redis::ConnectionInfo, RedisError>>,
+    nodes: Vec<Result<ConnectionInfo, (String, String)>>,
     config: Config,
 }
 
@@ -52,13 +55,10 @@ impl RedlockBuilder {
     pub(crate) fn new<I>(nodes: I) -> Self
     where
         I: IntoIterator,
-        I::Item: IntoConnectionInfo,
+        I::Item: NodeAddress,
     {
         RedlockBuilder {
-            nodes: nodes
-                .into_iter()
-                .map(IntoConnectionInfo::into_connection_info)
-                .collect(),
+            nodes: nodes.into_iter().map(Sealed::resolve).collect(),
             config: Config {
                 retry_count: DEFAULT_RETRY_COUNT,
                 retry_delay: DEFAULT_RETRY_DELAY,
@@ -215,18 +215,30 @@ impl RedlockBuilder {
         let identities = Arc::new(Identities::default());
         let mut nodes: Vec<Arc<Node>> = Vec::with_capacity(self.nodes.len());
         for (index, info) in self.nodes.into_iter().enumerate() {
-            let info = info.map_err(|source| Error::InvalidNodeAddress { index, source })?;
+            let info = info.map_err(|(entry, reason)| Error::InvalidNodeAddress {
+                index,
+                entry,
+                reason,
+            })?;
             let name = label(&info);
-            if let Some(first) = nodes.iter().position(|n| n.label() == name) {
+            // Two databases of one server are one server: compare addresses
+            // without the database.
+            let addr = info.addr().to_string();
+            if let Some(first) = nodes.iter().position(|n| n.addr() == addr) {
                 return Err(Error::DuplicateNode {
                     index,
                     first,
-                    first_node: name.clone(),
+                    first_node: nodes[first].label().to_owned(),
                     node: name,
                 });
             }
-            let node = Node::new(index, info, config.connect_timeout, identities.clone())
-                .map_err(|source| Error::InvalidNodeAddress { index, source })?;
+            let node = Node::new(index, info, config.connect_timeout, identities.clone()).map_err(
+                |e| Error::InvalidNodeAddress {
+                    index,
+                    entry: name.clone(),
+                    reason: e.to_string(),
+                },
+            )?;
             nodes.push(Arc::new(node));
         }
         let renewals = tokio::sync::Semaphore::new(config.renew_concurrency);

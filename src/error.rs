@@ -107,13 +107,15 @@ pub enum Error {
     #[error("the node list is empty: a Redlock needs at least one Redis node")]
     EmptyNodeList,
 
-    /// A node address could not be parsed.
-    #[error("node {index} has an invalid address: {source}")]
+    /// A node address could not be read.
+    #[error("node {index} ({entry}) is not a valid address: {reason}")]
     InvalidNodeAddress {
         /// Position of the address in the node list.
         index: usize,
-        /// What redis-rs said about it.
-        source: redis::RedisError,
+        /// The entry as given, with any password replaced by `***`.
+        entry: String,
+        /// What is wrong with it.
+        reason: String,
     },
 
     /// Two entries of the node list reach the same server: the same address

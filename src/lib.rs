@@ -77,6 +77,7 @@
 #![deny(missing_docs, missing_debug_implementations)]
 #![warn(rust_2018_idioms, unreachable_pub)]
 
+mod address;
 mod builder;
 mod error;
 mod fence;
@@ -91,6 +92,7 @@ mod tally;
 mod timing;
 mod watchdog;
 
+pub use crate::address::NodeAddress;
 pub use crate::builder::{
     DEFAULT_CONNECT_TIMEOUT, DEFAULT_DRIFT_FACTOR, DEFAULT_NODE_TIMEOUT, DEFAULT_RENEW_CONCURRENCY,
     DEFAULT_RETRY_COUNT, DEFAULT_RETRY_DELAY, DEFAULT_RETRY_JITTER, RedlockBuilder,

@@ -66,6 +66,7 @@ impl Identities {
 pub(crate) struct Node {
     index: usize,
     label: String,
+    addr: String,
     client: Client,
     connect_timeout: Duration,
     identities: Arc<Identities>,
@@ -125,10 +126,12 @@ impl Node {
         identities: Arc<Identities>,
     ) -> RedisResult<Self> {
         let label = label(&info);
+        let addr = info.addr().to_string();
         let client = Client::open(info)?;
         Ok(Node {
             index,
             label,
+            addr,
             client,
             connect_timeout,
             identities,
@@ -140,6 +143,11 @@ impl Node {
     /// The address, without credentials, for error messages.
     pub(crate) fn label(&self) -> &str {
         &self.label
+    }
+
+    /// `host:port` (or the socket path), without the database.
+    pub(crate) fn addr(&self) -> &str {
+        &self.addr
     }
 
     fn lock_slot(&self) -> std::sync::MutexGuard<'_, Slot> {

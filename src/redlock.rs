@@ -4,7 +4,9 @@
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use redis::{Cmd, IntoConnectionInfo};
+use redis::Cmd;
+
+use crate::address::NodeAddress;
 
 use crate::builder::{Config, RedlockBuilder};
 use crate::error::{Error, NodeError};
@@ -110,12 +112,13 @@ pub(crate) enum Patience {
 
 impl Redlock {
     /// A builder over the given nodes, with the defaults documented on each
-    /// setting. Each node is anything redis-rs accepts as an address, such as
-    /// `"redis://127.0.0.1:7001/"` or `"redis://:password@host:6379/0"`.
+    /// setting. Each node is a URL such as `"redis://127.0.0.1:7001/"` or
+    /// `"redis://:password@host:6379/0"`, or a [`redis::ConnectionInfo`]
+    /// (see [`NodeAddress`]).
     pub fn builder<I>(nodes: I) -> RedlockBuilder
     where
         I: IntoIterator,
-        I::Item: IntoConnectionInfo,
+        I::Item: NodeAddress,
     {
         RedlockBuilder::new(nodes)
     }
@@ -128,7 +131,7 @@ impl Redlock {
     pub fn new<I>(nodes: I) -> Result<Self, Error>
     where
         I: IntoIterator,
-        I::Item: IntoConnectionInfo,
+        I::Item: NodeAddress,
     {
         Self::builder(nodes).build()
     }

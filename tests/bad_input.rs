@@ -37,6 +37,22 @@ fn an_unparsable_url_names_its_position() {
 }
 
 #[test]
+fn a_bad_url_is_echoed_without_its_password_and_says_what_is_wrong() {
+    for (url, says) in [
+        ("not a url", "no scheme"),
+        ("redis://:hunter2@127.0.0.1:99999/", "port `99999`"),
+        ("redis://:hunter2@127.0.0.1:7001/db0", "database `db0`"),
+        ("rediss://:hunter2@cache.example:6380/", "TLS"),
+        ("http://127.0.0.1:7001/", "unknown scheme `http`"),
+    ] {
+        let err = Redlock::new([url]).unwrap_err().to_string();
+        assert!(err.contains(says), "{url}: {err}");
+        assert!(!err.contains("hunter2"), "password shown: {err}");
+        assert!(err.contains("node 0 ("), "entry echoed: {err}");
+    }
+}
+
+#[test]
 fn a_duplicate_node_is_rejected() {
     let err = Redlock::new([
         "redis://127.0.0.1:7001/",
@@ -56,8 +72,20 @@ fn a_duplicate_node_is_rejected() {
         "{err}"
     );
     // the same server in another database is another keyspace, but still one
-    // failure domain; it is allowed (a test setup), and named apart
-    assert!(Redlock::new(["redis://127.0.0.1:7001/0", "redis://127.0.0.1:7001/1"]).is_ok());
+    // failure domain: refused, naming both entries
+    let err = Redlock::new(["redis://127.0.0.1:7001/0", "redis://127.0.0.1:7001/1"]).unwrap_err();
+    assert!(
+        matches!(
+            &err,
+            Error::DuplicateNode {
+                index: 1,
+                first: 0,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert!(err.to_string().contains("127.0.0.1:7001/1"), "{err}");
 }
 
 #[test]

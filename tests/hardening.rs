@@ -611,3 +611,117 @@ async fn validity_is_measured_from_the_start_of_the_round() {
     );
     redlock.unlock(&lock).await.unwrap();
 }
+
+/// Defect 6: releases owed to a node that resets every connection are
+/// coalesced per node. 500 lock/unlock cycles with a 1 h ttl used to leave
+/// one retry task per release alive (505), making hundreds of connection
+/// attempts a second; now the node gets one worker task, connection attempts
+/// are paced by the backoff, the queue drains when the node heals, and the
+/// worker ends when the manager is dropped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_retries_are_one_task_per_node_and_end_with_the_manager() {
+    const CYCLES: usize = 500;
+    let mut cluster = Cluster::start(3);
+    let proxy = Proxy::to_port(cluster.node(2).port()).await;
+    let urls = vec![
+        cluster.urls()[0].clone(),
+        cluster.urls()[1].clone(),
+        proxy.url(),
+    ];
+    let redlock = manager(&urls);
+    reach_every_node(&redlock).await;
+    let metrics = tokio::runtime::Handle::current().metrics();
+    let tasks_before = metrics.num_alive_tasks();
+
+    proxy.set(Fault::Reset);
+    let hour = Duration::from_secs(3600);
+    let prefix = resource("pile");
+    for i in 0..CYCLES {
+        let lock = redlock.lock(&format!("{prefix}:{i}"), hour).await.unwrap();
+        redlock.unlock(&lock).await.unwrap();
+    }
+    let owed = redlock.pending_releases();
+    let tasks = metrics.num_alive_tasks();
+    let connections = proxy.connections();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let per_second = (proxy.connections() - connections) as f64 / 3.0;
+    eprintln!(
+        "after {CYCLES} cycles: {owed} releases owed, {} tasks alive ({tasks_before} before), {per_second:.1} connection attempts/s",
+        tasks
+    );
+    assert!(owed > 0 && owed <= CYCLES, "owed {owed}");
+    assert!(
+        tasks <= tasks_before + 3,
+        "{tasks} tasks alive, {tasks_before} before"
+    );
+    assert!(per_second <= 5.0, "{per_second} connection attempts/s");
+
+    // The node heals: the queue drains and the keys are gone from it.
+    proxy.set(Fault::NONE);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while redlock.pending_releases() > 0 {
+        assert!(
+            Instant::now() < deadline,
+            "{} owed",
+            redlock.pending_releases()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let url = &cluster.urls()[2];
+    for i in (0..CYCLES).step_by(50) {
+        assert!(!exists(url, &format!("{prefix}:{i}")), "key {i} left");
+    }
+
+    // Owed again, then the manager is dropped: its worker ends.
+    proxy.set(Fault::Reset);
+    let lock = redlock.lock(&resource("last"), hour).await.unwrap();
+    redlock.unlock(&lock).await.unwrap();
+    assert_eq!(redlock.pending_releases(), 1);
+    drop(redlock);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while metrics.num_alive_tasks() > tasks_before {
+        assert!(
+            Instant::now() < deadline,
+            "{} tasks alive after the manager was dropped, {tasks_before} before",
+            metrics.num_alive_tasks()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Item 18: a remote check of whether a lock is still held, and a lock
+/// rebuilt from a token that another process handed over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn verify_and_adopt() {
+    let cluster = Cluster::start(5);
+    let (a, b) = (cluster.redlock(), cluster.redlock());
+    let res = resource("verify");
+    let lock = a.try_lock(&res, TTL).await.unwrap();
+    assert!(a.verify(&lock).await.unwrap());
+
+    // another process takes over the lock by its token
+    let adopted = b.adopt(&res, lock.token()).unwrap();
+    assert_eq!(adopted.validity(), Duration::ZERO, "validity unknown");
+    assert!(b.verify(&adopted).await.unwrap());
+    let extended = b.extend(&adopted, TTL).await.unwrap();
+    assert!(extended.validity() > Duration::from_secs(9));
+    assert_eq!(b.unlock(&extended).await.unwrap(), 5);
+    assert!(!a.verify(&lock).await.unwrap(), "released by the adopter");
+    assert!(matches!(
+        a.extend(&lock, TTL).await,
+        Err(Error::NotHeld { .. })
+    ));
+
+    // a wrong token adopts nothing it can use
+    let lock = a.try_lock(&res, TTL).await.unwrap();
+    let forged = b.adopt(&res, "not-the-token").unwrap();
+    assert!(!b.verify(&forged).await.unwrap());
+    assert!(matches!(
+        b.unlock(&forged).await,
+        Err(Error::NotHeld { .. })
+    ));
+    assert!(cluster.eventually(Duration::from_secs(1), |c| c.count(&res, lock.token()) == 5));
+    assert!(matches!(b.adopt("", "t"), Err(Error::EmptyResource)));
+    assert!(b.adopt(&res, "").is_err());
+    a.unlock(&lock).await.unwrap();
+}

@@ -1,0 +1,164 @@
+//! Node addresses: what the builder accepts, and an error for a bad one that
+//! echoes the entry (its password redacted) and says what is wrong with it.
+
+use redis::{ConnectionInfo, IntoConnectionInfo};
+
+/// Something that names one Redis node: a URL (`&str`, `String`) such as
+/// `redis://:password@10.0.0.1:6379/0` or `unix:///run/redis.sock`, or a
+/// [`redis::ConnectionInfo`] made by hand.
+///
+/// Sealed: implemented for those types only, so that a bad URL can be echoed
+/// in the error.
+pub trait NodeAddress: sealed::Sealed {}
+
+impl NodeAddress for &str {}
+impl NodeAddress for String {}
+impl NodeAddress for &String {}
+impl NodeAddress for ConnectionInfo {}
+
+pub(crate) mod sealed {
+    use redis::ConnectionInfo;
+
+    /// The conversion behind [`NodeAddress`](super::NodeAddress).
+    pub trait Sealed {
+        /// The connection info, or the entry (redacted) and what is wrong
+        /// with it.
+        fn resolve(self) -> Result<ConnectionInfo, (String, String)>;
+    }
+}
+
+impl sealed::Sealed for &str {
+    fn resolve(self) -> Result<ConnectionInfo, (String, String)> {
+        parse(self)
+    }
+}
+
+impl sealed::Sealed for String {
+    fn resolve(self) -> Result<ConnectionInfo, (String, String)> {
+        parse(&self)
+    }
+}
+
+impl sealed::Sealed for &String {
+    fn resolve(self) -> Result<ConnectionInfo, (String, String)> {
+        parse(self)
+    }
+}
+
+impl sealed::Sealed for ConnectionInfo {
+    fn resolve(self) -> Result<ConnectionInfo, (String, String)> {
+        Ok(self)
+    }
+}
+
+/// Parses a node URL, or says what is wrong with it.
+fn parse(url: &str) -> Result<ConnectionInfo, (String, String)> {
+    let fail = |reason: String| Err((redact(url), reason));
+    let trimmed = url.trim();
+    if trimmed.is_empty() {
+        return fail("the address is empty".into());
+    }
+    let Some((scheme, rest)) = trimmed.split_once("://") else {
+        return fail("no scheme: write it as redis://host:port/ (or unix:///path)".into());
+    };
+    match scheme {
+        "redis" | "unix" | "redis+unix" => {}
+        "rediss" | "valkeys" => {
+            return fail(
+                "TLS (rediss://) is not supported by this version of redlock-quorum; \
+                 use redis:// to a TLS-terminating proxy, or a plain port"
+                    .into(),
+            );
+        }
+        other => {
+            return fail(format!(
+                "unknown scheme `{other}`: expected redis:// or unix://"
+            ));
+        }
+    }
+    if scheme == "redis" {
+        let authority = rest.split(['/', '?']).next().unwrap_or("");
+        let host_port = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+        let (host, port) = match host_port.rsplit_once(':') {
+            // `[::1]` without a port
+            Some((h, p)) if !p.ends_with(']') => (h, Some(p)),
+            _ => (host_port, None),
+        };
+        if host.is_empty() {
+            return fail("no host".into());
+        }
+        if let Some(port) = port
+            && !port.parse::<u16>().is_ok_and(|p| p > 0)
+        {
+            return fail(format!("the port `{port}` is not a number from 1 to 65535"));
+        }
+        let path = rest[authority.len()..].split('?').next().unwrap_or("");
+        let db = path.trim_start_matches('/');
+        if !db.is_empty() && db.parse::<i64>().is_err() {
+            return fail(format!("the database `{db}` is not a number"));
+        }
+    }
+    trimmed
+        .into_connection_info()
+        .or_else(|e| fail(format!("redis-rs could not read it ({e})")))
+}
+
+/// The entry with its password (and user name) replaced by `***`.
+pub(crate) fn redact(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(authority_end);
+    match authority.rsplit_once('@') {
+        Some((_, host)) => format!("{scheme}://***@{host}{tail}"),
+        None => url.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reason(url: &str) -> String {
+        let (entry, reason) = parse(url).expect_err(url);
+        assert!(!entry.contains("hunter2"), "{entry}");
+        reason
+    }
+
+    #[test]
+    fn good_addresses_parse() {
+        for url in [
+            "redis://127.0.0.1:7001/",
+            "redis://127.0.0.1:7001",
+            "redis://:hunter2@10.0.0.1:6379/3",
+            "redis://user:hunter2@localhost/",
+            "redis://[::1]:6379/",
+            "unix:///run/redis.sock",
+        ] {
+            assert!(parse(url).is_ok(), "{url}");
+        }
+    }
+
+    #[test]
+    fn each_mistake_is_named() {
+        assert!(reason("").contains("empty"));
+        assert!(reason("127.0.0.1:7001").contains("no scheme"));
+        assert!(reason("http://127.0.0.1:7001/").contains("unknown scheme `http`"));
+        assert!(reason("rediss://:hunter2@cache:6380/").contains("TLS"));
+        assert!(reason("redis://127.0.0.1:70001/").contains("port `70001`"));
+        assert!(reason("redis://:hunter2@127.0.0.1:abc/").contains("port `abc`"));
+        assert!(reason("redis://127.0.0.1:7001/zero").contains("database `zero`"));
+        assert!(reason("redis://:hunter2@/").contains("no host"));
+    }
+
+    #[test]
+    fn passwords_are_redacted() {
+        assert_eq!(
+            redact("redis://user:hunter2@10.0.0.1:6379/0"),
+            "redis://***@10.0.0.1:6379/0"
+        );
+        assert_eq!(redact("redis://10.0.0.1/"), "redis://10.0.0.1/");
+        assert_eq!(redact("no scheme"), "no scheme");
+    }
+}
