@@ -24,7 +24,7 @@ pub(crate) struct State {
 
 impl State {
     /// The loss to report: the one the watchdog published, or, past the
-    /// deadline before it did, an expiry with the last renewal error.
+    /// `expires_at` before it did, an expiry with the last renewal error.
     fn loss(&self) -> Option<LossReason> {
         if let Some(reason) = &self.lost {
             return Some(reason.clone());
@@ -58,7 +58,7 @@ impl LockWatch {
         LockWatch { rx }
     }
 
-    /// The lock as last granted or renewed (its token, key and deadline).
+    /// The lock as last granted or renewed (its token, key and `expires_at`).
     pub fn lock(&self) -> Lock {
         self.rx.borrow().lock.clone()
     }
@@ -68,7 +68,7 @@ impl LockWatch {
         self.rx.borrow().lock.resource.clone()
     }
 
-    /// The current deadline; it moves forward with each renewal.
+    /// The instant the validity ends; it moves forward with each renewal.
     pub fn expires_at(&self) -> Instant {
         self.rx.borrow().lock.expires_at
     }
@@ -83,7 +83,7 @@ impl LockWatch {
         state.lock.validity()
     }
 
-    /// Whether the lock is still held: not reported lost, and its deadline
+    /// Whether the lock is still held: not reported lost, and its `expires_at`
     /// not passed. Never true after `expires_at`, whatever the renewal task
     /// is doing.
     pub fn is_held(&self) -> bool {
@@ -104,7 +104,7 @@ impl LockWatch {
 
     /// Resolves once the lock is no longer held: a renewal found the key
     /// taken over, the `max_hold` limit was reached, the lock was released,
-    /// or the deadline passed without a renewal. It resolves at the deadline
+    /// or `expires_at` passed without a renewal. It resolves at `expires_at`
     /// at the latest (give or take the scheduling of the watchdog task), even
     /// if a node hangs in the middle of a renewal. When it resolves,
     /// [`is_held`](LockWatch::is_held) is false and
@@ -115,20 +115,20 @@ impl LockWatch {
     pub async fn lost(&self) -> LossReason {
         let mut rx = self.rx.clone();
         loop {
-            let deadline = {
+            let expires_at = {
                 let state = rx.borrow_and_update();
                 if let Some(reason) = &state.lost {
                     return reason.clone();
                 }
                 state.lock.expires_at
             };
-            // The watchdog publishes every loss, at the deadline at the
+            // The watchdog publishes every loss, at `expires_at` at the
             // latest; wait for it, so that the reason is the one it found.
             if rx.changed().await.is_err() {
                 // The watchdog is gone (forgotten, or its runtime shut
                 // down): nothing renews any more, so the lock ends at its
-                // deadline.
-                tokio::time::sleep_until(deadline.into()).await;
+                // `expires_at`.
+                tokio::time::sleep_until(expires_at.into()).await;
                 let state = rx.borrow();
                 return state.loss().unwrap_or(LossReason::Expired {
                     last_error: state.last_error.clone(),
@@ -156,7 +156,7 @@ impl fmt::Debug for LockWatch {
 /// renewal interval (ttl / 3 by default). If a renewal cannot reach a quorum
 /// before the validity runs out, or finds the key taken over, the lock is
 /// reported lost: [`is_held`](LockGuard::is_held) turns false and
-/// [`lost`](LockGuard::lost) resolves, no later than the deadline.
+/// [`lost`](LockGuard::lost) resolves, no later than `expires_at`.
 ///
 /// Release it with [`release`](LockGuard::release). Dropping it stops the
 /// renewal and releases the lock from the watchdog task, without blocking;
@@ -181,12 +181,12 @@ impl LockGuard {
         self.watch.lock()
     }
 
-    /// The current deadline; it moves forward with each renewal.
+    /// The instant the validity ends; it moves forward with each renewal.
     pub fn expires_at(&self) -> Instant {
         self.watch.expires_at()
     }
 
-    /// Time left until the current deadline; zero once lost.
+    /// Time left until `expires_at`; zero once lost.
     pub fn validity(&self) -> Duration {
         self.watch.validity()
     }

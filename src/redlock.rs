@@ -244,9 +244,9 @@ impl Redlock {
             let pause = timing::retry_delay(config.retry_delay, config.retry_jitter);
             let last = match patience {
                 Patience::Retries(n) => retries >= n,
-                Patience::Until(deadline) => {
+                Patience::Until(give_up_at) => {
                     timing::after(Instant::now(), pause.saturating_add(config.node_timeout))
-                        >= deadline
+                        >= give_up_at
                 }
             };
             let split_rounds = if last { timing::SPLIT_VOTE_ROUNDS } else { 0 };
@@ -370,12 +370,7 @@ impl Redlock {
         )
         .await;
         self.note(&tally);
-        // Nodes that failed or did not answer may still hold our key. If
-        // they are a quorum, the lock may still be in force: say so.
-        if tally.granted > 0 && tally.unknown + tally.errors < self.quorum() {
-            return Ok(tally.granted);
-        }
-        Err(tally.into_error(&lock.resource))
+        tally.into_released(&lock.resource)
     }
 
     /// Asks the nodes whether the lock is still held: whether a quorum holds

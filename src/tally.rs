@@ -248,6 +248,17 @@ impl Tally {
         }
     }
 
+    /// Unlock's rule, for a release round: released when some node released
+    /// the key and the nodes that may still hold it (they failed or did not
+    /// answer) are too few to make a quorum; otherwise the error that says
+    /// why the lock may still be in force, or that it was not ours.
+    pub(crate) fn into_released(self, resource: &str) -> Result<usize, Error> {
+        if self.granted > 0 && self.unknown + self.errors < self.required() {
+            return Ok(self.granted);
+        }
+        Err(self.into_error(resource))
+    }
+
     /// The error for a round that did not reach a quorum, named after what
     /// prevented it (see the module docs).
     pub(crate) fn into_error(self, resource: &str) -> Error {
@@ -404,6 +415,21 @@ mod tests {
         // a minority of errors and a node down: retrying may help
         let t = run(Ask::Acquire, vec![OK, OK, wrongtype(), down(), down()]);
         assert!(matches!(t.into_error("r"), Error::NoQuorum { .. }));
+    }
+
+    #[test]
+    fn a_release_is_done_unless_a_quorum_may_still_hold_it() {
+        let t = run(Ask::Owned, vec![OK, OK, down(), down(), MISSING]);
+        assert_eq!(t.into_released("r").unwrap(), 2);
+        let t = run(Ask::Owned, vec![OK, down(), down(), down(), MISSING]);
+        assert!(matches!(t.into_released("r"), Err(Error::NoQuorum { .. })));
+        let t = run(Ask::Owned, vec![MISSING; 5]);
+        assert!(matches!(t.into_released("r"), Err(Error::NotHeld { .. })));
+        let t = run(
+            Ask::Owned,
+            vec![OK, wrongtype(), wrongtype(), wrongtype(), OK],
+        );
+        assert!(matches!(t.into_released("r"), Err(Error::Redis { .. })));
     }
 
     #[test]

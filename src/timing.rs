@@ -129,13 +129,12 @@ pub(crate) fn split_vote_pause(n: u32) -> Duration {
     jitter(Duration::from_millis(5) * 2u32.saturating_pow(n.min(16)))
 }
 
-/// The instant to wake up for a deadline: a millisecond early, because Tokio's
+/// The instant to wake up for `at` (a lock's `expires_at`): a millisecond early, because Tokio's
 /// timer fires on the first millisecond tick at or after the instant asked
-/// for, and a lock must never be reported held after its deadline.
-pub(crate) fn alarm(deadline: Instant) -> tokio::time::Instant {
-    deadline
-        .checked_sub(Duration::from_millis(1))
-        .unwrap_or(deadline)
+/// for, and a lock must never be reported held after its `expires_at`.
+pub(crate) fn alarm(at: Instant) -> tokio::time::Instant {
+    at.checked_sub(Duration::from_millis(1))
+        .unwrap_or(at)
         .into()
 }
 

@@ -188,8 +188,8 @@ impl Redlock {
             value = &mut work => Ok(value),
         };
         drop(work);
-        // The work may have finished after the deadline without yielding
-        // to the watchdog: the guard never says "held" past its deadline.
+        // The work may have finished after `expires_at` without yielding
+        // to the watchdog: the guard never says "held" past `expires_at`.
         let outcome = match outcome {
             Ok(value) => match guard.loss() {
                 None => Ok(value),
@@ -261,7 +261,7 @@ async fn watchdog(
     // Renew until stopped or lost; then wait for the guard's word.
     let command = loop {
         let current = state.borrow().lock.clone();
-        let deadline = current.expires_at;
+        let expires_at = current.expires_at;
         let wake = hold_limit.map_or(next, |(_, at)| next.min(at));
         // Sleep until the next renewal is due, then renew.
         let step = async {
@@ -282,11 +282,12 @@ async fn watchdog(
             Step::Renewed(attempt, redlock.extend(&current, ttl).await)
         };
         let lost = tokio::select! {
-            // The deadline comes before a renewal that lands at the same
-            // moment: the lock is never reported held after `expires_at`.
+            // The end of the validity comes before a renewal that lands at
+            // the same moment: the lock is never reported held after
+            // `expires_at`.
             biased;
             command = &mut stop => break command.ok(),
-            () = sleep_until(alarm(deadline)) => LossReason::Expired {
+            () = sleep_until(alarm(expires_at)) => LossReason::Expired {
                 last_error: state.borrow().last_error.clone(),
             },
             step = step => match step {
@@ -311,7 +312,7 @@ async fn watchdog(
                     let error = e.to_string();
                     state.send_modify(|s| s.last_error = Some(error.clone()));
                     let now = Instant::now();
-                    if deadline.saturating_duration_since(now) <= config.node_timeout {
+                    if expires_at.saturating_duration_since(now) <= config.node_timeout {
                         LossReason::Expired { last_error: Some(error) }
                     } else {
                         next = after(now, config.retry_delay.min(interval));
@@ -327,8 +328,8 @@ async fn watchdog(
     match command {
         Some(Stop::Forget) => {}
         // `None`: the guard went away without a word; release as on drop.
-        Some(Stop::Release(reply)) => release(&redlock, &state, reply).await,
-        None => release(&redlock, &state, None).await,
+        Some(Stop::Release(reply)) => release_guarded(&redlock, &state, reply).await,
+        None => release_guarded(&redlock, &state, None).await,
     }
 }
 
@@ -341,7 +342,7 @@ enum Step {
 }
 
 /// Releases a guard's lock from its watchdog task and tells the watches.
-async fn release(
+async fn release_guarded(
     redlock: &Redlock,
     state: &watch::Sender<State>,
     reply: Option<oneshot::Sender<Result<usize, Error>>>,
