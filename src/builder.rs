@@ -44,6 +44,32 @@ pub(crate) struct Config {
 }
 
 /// Configures a [`Redlock`]. Made by [`Redlock::builder`].
+///
+/// Each setting documents its default; [`build`](RedlockBuilder::build)
+/// validates them all and connects to nothing, so it needs neither a
+/// runtime nor nodes that are up.
+///
+/// # Examples
+/// ```
+/// use std::time::Duration;
+/// use redlock_quorum::{Error, Redlock};
+///
+/// let redlock = Redlock::builder([
+///     "redis://10.0.0.1:6379/",
+///     "redis://10.0.0.2:6379/",
+///     "redis://10.0.0.3:6379/",
+/// ])
+/// // Short, contended critical sections: poll often.
+/// .retry_delay(Duration::from_millis(5))
+/// .retry_jitter(Duration::from_millis(5))
+/// // Nodes across a data centre: more room per request and per connect.
+/// .node_timeout(Duration::from_millis(100))
+/// .connect_timeout(Duration::from_secs(1))
+/// .key_prefix("locks:")
+/// .build()?;
+/// assert_eq!(redlock.quorum(), 2);
+/// # Ok::<(), Error>(())
+/// ```
 #[derive(Debug)]
 #[must_use = "a builder does nothing until `build` is called"]
 pub struct RedlockBuilder {

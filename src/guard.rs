@@ -150,7 +150,9 @@ impl fmt::Debug for LockWatch {
 }
 
 /// A lock renewed in the background for as long as the guard lives. Made by
-/// [`Redlock::acquire`](crate::Redlock::acquire).
+/// [`Redlock::acquire`](crate::Redlock::acquire),
+/// [`try_acquire`](crate::Redlock::try_acquire) and
+/// [`acquire_within`](crate::Redlock::acquire_within).
 ///
 /// While the guard lives, a watchdog task extends the lock on a quorum every
 /// renewal interval (ttl / 3 by default). If a renewal cannot reach a quorum
@@ -162,6 +164,29 @@ impl fmt::Debug for LockWatch {
 /// renewal and releases the lock from the watchdog task, without blocking;
 /// if the Tokio runtime that ran [`acquire`](crate::Redlock::acquire) has
 /// shut down, nothing runs any more and the keys expire after their ttl.
+/// [`forget`](LockGuard::forget) stops the renewal and leaves the keys to
+/// expire: the shape of a job that must not run twice in one slot.
+///
+/// # Examples
+/// ```no_run
+/// use std::time::Duration;
+/// use redlock_quorum::{Error, Redlock};
+///
+/// # async fn export(_batch: u32) {}
+/// # async fn run(redlock: Redlock) -> Result<(), Error> {
+/// let guard = redlock.acquire("export", Duration::from_secs(10)).await?;
+/// for batch in 0..100 {
+///     // Before each step that needs the lock, check that it is still held.
+///     if let Some(reason) = guard.loss() {
+///         eprintln!("stopping at batch {batch}: {reason}");
+///         return Ok(()); // dropping the guard releases what is left
+///     }
+///     export(batch).await;
+/// }
+/// guard.release().await?;
+/// # Ok(())
+/// # }
+/// ```
 #[must_use = "dropping the guard releases the lock at once"]
 pub struct LockGuard {
     watch: LockWatch,

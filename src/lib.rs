@@ -31,18 +31,58 @@
 //! For work that may outlast a fixed ttl, [`Redlock::acquire`] returns a
 //! [`LockGuard`] that renews the lock in the background, and
 //! [`Redlock::with_lock`] runs a future under such a guard and cancels it
-//! when the lock is lost.
+//! when the lock is lost. How long to wait for another holder is chosen per
+//! call: [`Redlock::lock`] and [`Redlock::acquire`] retry (`retry_count`
+//! times), [`Redlock::try_lock`] and [`Redlock::try_acquire`] make one
+//! attempt, [`Redlock::lock_within`] and [`Redlock::acquire_within`] retry
+//! for a given time. [`Redlock::verify`] asks the nodes whether a lock is
+//! still held, and [`Redlock::adopt`] rebuilds a lock handed over by another
+//! process from its resource and token.
 //!
 //! # The algorithm
-//! - Acquire: one `SET key token NX PX ttl` per node, sent to all nodes at
-//!   once; the round is timed on the monotonic clock from before the first
-//!   request. The lock is granted as soon as a quorum answered `OK`, with a
-//!   validity of `ttl − elapsed − drift` (`drift = ttl × drift_factor + 2 ms`);
-//!   the attempt gives up as soon as a quorum is impossible. Each request is
-//!   bounded by the node timeout. A failed attempt is released on every node.
-//! - Release and extend: Lua scripts that compare the token before they
-//!   delete or `PEXPIRE` the key, run by `EVALSHA` with a fallback when the
-//!   node has lost its script cache.
+//! - Acquire: one `SET key token NX PX ttl GET` per node, sent to all nodes
+//!   at once; the round is timed on the monotonic clock from before the
+//!   first request. The lock is granted as soon as a quorum set the key,
+//!   with a validity of `ttl − elapsed − drift`
+//!   (`drift = ttl × drift_factor + 2 ms`); the round stops listening as
+//!   soon as its outcome is certain. Where the key was not set, `GET` tells
+//!   which value holds it, so a conflict (another holder has, or may have, a
+//!   quorum) is told apart from a split vote (contenders shared the nodes
+//!   and none can have one). A failed attempt is released on every node that
+//!   may hold its key.
+//! - Split votes: the next attempt settles one; the last attempt (the only
+//!   one of [`Redlock::try_lock`]) settles it itself with up to 6 more
+//!   rounds after random pauses (at most 315 ms in all), so that among
+//!   contenders that start together exactly one wins.
+//! - Extend: a Lua script that checks the token before `PEXPIRE`. Where our
+//!   key is missing (a node that restarted empty, or was down at the
+//!   grant), the renewal sets it again: the lock heals. Such a node does not
+//!   count towards that round's quorum.
+//! - Release: a Lua script that deletes the key only where it holds our
+//!   token, sent to every node, on each node after that node's `SET` of the
+//!   grant settled (a `SET` still in flight cannot land after the release).
+//!   Nodes that could not be reached are owed the release: one worker task
+//!   per node retries them in the background until the keys would have
+//!   expired ([`Redlock::pending_releases`] counts them).
+//! - Scripts run by `EVALSHA`, loaded again when the node answers
+//!   `NOSCRIPT`.
+//!
+//! # Failures
+//! - A node that timed out, could not be reached, or answered `BUSY`,
+//!   `LOADING`, `TRYAGAIN`, `MASTERDOWN` or `CLUSTERDOWN` says nothing about
+//!   the key ([`NodeError::is_transient`]): acquisitions retry it (as
+//!   [`Error::NoQuorum`]) and the watchdog keeps renewing.
+//! - Errors that retrying cannot fix (`WRONGTYPE`, `READONLY`, `NOPERM`, a
+//!   failed authentication, a script error) fail the call at once with
+//!   [`Error::Redis`] when they leave no quorum possible.
+//! - [`Error::NotHeld`], and a guard's [`LossReason::TakenOver`], only when
+//!   a quorum answered that the key is not ours.
+//! - Each node has one multiplexed connection per Tokio runtime, made on
+//!   first use within the connect timeout, and made again after it broke or
+//!   failed (with a backoff from 25 ms to 1 s). Its server identity (`run_id`)
+//!   is learned on the first connection: two entries of the node list on one
+//!   server (two host names, or two databases) make every call fail with
+//!   [`Error::DuplicateNode`].
 //!
 //! # What a lock with an expiry cannot promise
 //! - A holder that pauses (GC, swapping, a stopped VM) past its validity
@@ -55,25 +95,15 @@
 //!   it rejoins before the largest ttl has passed, a second client can gain a
 //!   quorum while the first still holds its lock. Run the nodes with
 //!   `appendfsync always`, or restart them only after the largest ttl.
+//!   (Healing renewals put a guard's key back on such a node, but only at the
+//!   next renewal.)
 //! - Validity assumes the nodes' clocks run at about the same rate as ours
 //!   (the drift factor), not that they agree on the time.
+//! - The nodes must be Redis 7.0 or later, or Valkey: `SET` with both `NX`
+//!   and `GET` is refused by older servers, and that error is not retried.
 //!
-//! # Layout
-//! - `redlock`: the [`Redlock`] manager: acquire, extend, unlock.
-//! - `builder`: the [`RedlockBuilder`], its settings and defaults.
-//! - `release`: the release round, its background retry, and the cleanup of
-//!   cancelled attempts.
-//! - `lock`: the [`Lock`] handle and its token.
-//! - `quorum`: the quorum rule, validity arithmetic, retry delay and the
-//!   parallel round itself.
-//! - `guard`: the renewing [`LockGuard`], its [`LockWatch`] view, and the
-//!   [`LossReason`]s.
-//! - `watchdog`: [`Redlock::acquire`], [`Redlock::with_lock`] and the
-//!   renewal task behind a guard.
-//! - `fence`: [`Redlock::fencing_token`], numbers that grow with every holder.
-//! - `scripts`: the release, extend and fencing Lua scripts.
-//! - `node`: one node's lazily made, long-lived connection.
-//! - `error`: the [`Error`] enum and the per-node [`NodeFailure`]s.
+//! The map of the modules and of the main flows is in `ARCHITECTURE.md` at
+//! the top of the repository.
 #![deny(missing_docs, missing_debug_implementations)]
 #![warn(rust_2018_idioms, unreachable_pub)]
 

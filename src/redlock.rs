@@ -197,6 +197,26 @@ impl Redlock {
     /// [`try_lock`](Redlock::try_lock). The last attempt may end up to one
     /// round (bounded by the timeouts) after `wait`.
     ///
+    /// # Examples
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use redlock_quorum::{Error, Redlock};
+    ///
+    /// # async fn run(redlock: Redlock) -> Result<(), Error> {
+    /// // Wait up to two seconds for the current holder, not longer.
+    /// let ttl = Duration::from_secs(10);
+    /// match redlock.lock_within("report", ttl, Duration::from_secs(2)).await {
+    ///     Ok(lock) => {
+    ///         // ... the work, within lock.validity() ...
+    ///         redlock.unlock(&lock).await?;
+    ///     }
+    ///     Err(Error::Conflict { .. }) => eprintln!("still busy after 2 s"),
+    ///     Err(e) => return Err(e),
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
     /// # Errors
     /// As [`lock`](Redlock::lock).
     ///
@@ -378,6 +398,25 @@ impl Redlock {
     /// local one is [`Lock::validity`], which a holder must still respect
     /// (a quorum may hold the keys a little past the validity, by design).
     ///
+    /// # Examples
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use redlock_quorum::{Error, Redlock};
+    ///
+    /// # async fn migrate() {}
+    /// # async fn run(redlock: Redlock) -> Result<(), Error> {
+    /// let lock = redlock.lock("migration", Duration::from_secs(30)).await?;
+    /// migrate().await;
+    /// // Before the step that cannot be undone: still ours, locally and on
+    /// // a quorum of the nodes?
+    /// if lock.is_valid() && redlock.verify(&lock).await? {
+    ///     // ... commit ...
+    /// }
+    /// redlock.unlock(&lock).await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
     /// # Errors
     /// [`Error::NoQuorum`] or [`Error::Redis`] when too few nodes answered
     /// to tell either way.
@@ -418,6 +457,23 @@ impl Redlock {
     /// Whoever passes the token on is responsible for the handover: both
     /// processes can release or extend the lock, and nothing tells either
     /// that the other did. Extend it first to learn its validity.
+    ///
+    /// # Examples
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use redlock_quorum::{Error, Redlock};
+    ///
+    /// # async fn run(redlock: Redlock, token: String) -> Result<(), Error> {
+    /// // The process that took the lock handed over the resource name and
+    /// // `lock.token()` (over a channel as private as the token deserves).
+    /// let adopted = redlock.adopt("import:7", &token)?;
+    /// // Extending it gives it a validity here; `NotHeld` if it was lost.
+    /// let lock = redlock.extend(&adopted, Duration::from_secs(30)).await?;
+    /// // ... finish the import within lock.validity() ...
+    /// redlock.unlock(&lock).await?;
+    /// # Ok(())
+    /// # }
+    /// ```
     ///
     /// # Errors
     /// [`Error::EmptyResource`], or [`Error::InvalidSetting`] for an empty
