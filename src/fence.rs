@@ -69,6 +69,7 @@ impl Redlock {
         let read = Request::script(&scripts::FENCE_READ, keys, [lock.token.as_bytes()]);
         let Round { tally, .. } = round::round(
             &self.inner,
+            None,
             Ask::Owned,
             Until::Decided,
             read,
@@ -91,6 +92,7 @@ impl Redlock {
         );
         let Round { tally, .. } = round::round(
             &self.inner,
+            None,
             Ask::Owned,
             Until::Decided,
             write,

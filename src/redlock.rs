@@ -323,6 +323,7 @@ impl Redlock {
         let start = Instant::now();
         let Round { tally, in_flight } = round::round(
             &self.inner,
+            None,
             Ask::Owned,
             Until::Decided,
             request,
@@ -432,6 +433,7 @@ impl Redlock {
         );
         let Round { tally, .. } = round::round(
             &self.inner,
+            None,
             Ask::Owned,
             Until::Decided,
             request,
@@ -578,6 +580,7 @@ impl Redlock {
         let start = Instant::now();
         let Round { tally, in_flight } = round::round(
             inner,
+            None,
             Ask::Acquire,
             Until::Decided,
             Request::Cmd(Arc::new(set)),

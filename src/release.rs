@@ -51,7 +51,7 @@ pub(crate) async fn release_on(
     after: &InFlight,
 ) -> Tally {
     let request = Request::script(&scripts::UNLOCK, [key.as_bytes()], [token.as_bytes()]);
-    let round = round::round_on(
+    let round = round::round(
         inner,
         only,
         Ask::Owned,

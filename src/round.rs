@@ -165,8 +165,9 @@ pub(crate) struct Round {
     pub(crate) in_flight: InFlight,
 }
 
-/// Sends `request` to every node at once and counts the answers, each read
-/// by `read`.
+/// Sends `request` to every node in `only` (all nodes when `None`) at once
+/// and counts the answers, each read by `read`. Nodes left out are not asked
+/// and count as not answering.
 ///
 /// With [`Until::Decided`] the round returns as soon as the outcome is
 /// certain. The requests still pending then are finished by a spawned task
@@ -179,22 +180,6 @@ pub(crate) struct Round {
 /// written to a node's socket still runs there, before anything sent to
 /// that node later.
 pub(crate) async fn round<F>(
-    inner: &Inner,
-    ask: Ask,
-    until: Until,
-    request: Request,
-    after: &InFlight,
-    read: F,
-) -> Round
-where
-    F: Fn(&Value) -> Result<Reply, String>,
-{
-    round_on(inner, None, ask, until, request, after, read).await
-}
-
-/// [`round`] on the nodes in `only` (all nodes when `None`); the others are
-/// not asked and count as not answering.
-pub(crate) async fn round_on<F>(
     inner: &Inner,
     only: Option<&[usize]>,
     ask: Ask,
