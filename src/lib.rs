@@ -104,8 +104,6 @@
 //!
 //! The map of the modules and of the main flows is in `ARCHITECTURE.md` at
 //! the top of the repository.
-#![deny(missing_docs, missing_debug_implementations)]
-#![warn(rust_2018_idioms, unreachable_pub)]
 
 mod address;
 mod builder;
