@@ -13,6 +13,7 @@ use crate::error::Error;
 use crate::node::{Identities, Node, label};
 use crate::redlock::{Inner, Redlock};
 use crate::release::Retries;
+use crate::trace;
 
 /// Default number of retries after the first attempt.
 pub const DEFAULT_RETRY_COUNT: u32 = 10;
@@ -266,6 +267,12 @@ impl RedlockBuilder {
                 },
             )?;
             nodes.push(Arc::new(node));
+        }
+        if nodes.len().is_multiple_of(2) {
+            trace::warning!(
+                nodes = nodes.len(),
+                "an even number of nodes tolerates no more failures than one node fewer"
+            );
         }
         let renewals = tokio::sync::Semaphore::new(config.renew_concurrency);
         let retries = Retries::new(nodes.len());

@@ -118,6 +118,7 @@ mod round;
 mod scripts;
 mod tally;
 mod timing;
+mod trace;
 mod watchdog;
 
 pub use crate::address::NodeAddress;

@@ -75,6 +75,9 @@ pub(crate) struct Node {
     slot: Mutex<Slot>,
     /// One connection attempt at a time; the others wait for its outcome.
     gate: tokio::sync::Mutex<()>,
+    /// Whether the server said it writes an append-only file: 0 unknown,
+    /// 1 no, 2 yes.
+    aof: std::sync::atomic::AtomicU8,
 }
 
 #[derive(Default)]
@@ -137,12 +140,23 @@ impl Node {
             identities,
             slot: Mutex::new(Slot::default()),
             gate: tokio::sync::Mutex::new(()),
+            aof: std::sync::atomic::AtomicU8::new(0),
         })
     }
 
     /// The address, without credentials, for error messages.
     pub(crate) fn label(&self) -> &str {
         &self.label
+    }
+
+    /// Whether the server persists its data in an append-only file, as its
+    /// last connection said (`None` before the first one).
+    pub(crate) fn persistent(&self) -> Option<bool> {
+        match self.aof.load(std::sync::atomic::Ordering::Relaxed) {
+            1 => Some(false),
+            2 => Some(true),
+            _ => None,
+        }
     }
 
     /// `host:port` (or the socket path), without the database.
@@ -251,8 +265,13 @@ impl Node {
                 .await?;
             let info: String = redis::cmd("INFO")
                 .arg("server")
+                .arg("persistence")
                 .query_async(&mut conn)
                 .await?;
+            if let Some(aof) = info_field(&info, "aof_enabled") {
+                let flag = if aof == "1" { 2 } else { 1 };
+                self.aof.store(flag, std::sync::atomic::Ordering::Relaxed);
+            }
             Ok::<_, RedisError>((conn, run_id(&info).unwrap_or_default()))
         };
         match tokio::time::timeout(self.connect_timeout, work).await {
@@ -274,9 +293,16 @@ impl Node {
 
 /// The `run_id` line of `INFO server`.
 fn run_id(info: &str) -> Option<String> {
-    info.lines()
-        .find_map(|line| line.strip_prefix("run_id:"))
-        .map(|id| id.trim().to_owned())
+    info_field(info, "run_id").map(str::to_owned)
+}
+
+/// The value of one `name:value` line of an `INFO` reply.
+fn info_field<'a>(info: &'a str, name: &str) -> Option<&'a str> {
+    info.lines().find_map(|line| {
+        line.strip_prefix(name)
+            .and_then(|rest| rest.strip_prefix(':'))
+            .map(str::trim)
+    })
 }
 
 /// `host:port`, plus `/db` when the database is not 0. Never the password.
@@ -298,6 +324,9 @@ mod tests {
         let info = "# Server\r\nredis_version:7.0.15\r\nrun_id:abc123\r\ntcp_port:6379\r\n";
         assert_eq!(run_id(info).as_deref(), Some("abc123"));
         assert_eq!(run_id("# Server\r\n"), None);
+        let info = "run_id:x\r\n# Persistence\r\naof_enabled:1\r\naof_rewrite:0\r\n";
+        assert_eq!(info_field(info, "aof_enabled"), Some("1"));
+        assert_eq!(info_field(info, "aof"), None);
     }
 
     #[test]

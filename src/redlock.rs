@@ -17,6 +17,7 @@ use crate::round::{self, InFlight, Request, Round, Until};
 use crate::scripts;
 use crate::tally::{Ask, Outcome, Tally, quorum};
 use crate::timing::{self, Ttl};
+use crate::trace::{self, InSpan};
 
 /// How long a release of an [adopted](Redlock::adopt) lock is retried on
 /// nodes that could not be reached: its ttl is not known here.
@@ -68,6 +69,14 @@ pub(crate) struct Inner {
 }
 
 impl Inner {
+    /// Remembers a configuration error; every later call fails with it.
+    fn misconfigure(&self, error: Error) {
+        if self.misconfigured.get().is_none() {
+            trace::error!(%error, "the node list names one server twice; every call will fail");
+            let _ = self.misconfigured.set(error);
+        }
+    }
+
     /// Before the first round of a manager, connects to every node at once
     /// and waits until each connected or failed (each bounded by the connect
     /// timeout). A cold start then costs one parallel connect instead of
@@ -83,17 +92,26 @@ impl Inner {
                 let made =
                     futures::future::join_all(self.nodes.iter().map(|n| n.connection())).await;
                 for (index, made) in made.into_iter().enumerate() {
-                    if let Err(NodeError::SameServer {
-                        other_index,
-                        other_node,
-                    }) = made
-                    {
-                        let _ = self.misconfigured.set(Error::DuplicateNode {
+                    let node = &self.nodes[index];
+                    match made {
+                        Err(NodeError::SameServer {
+                            other_index,
+                            other_node,
+                        }) => self.misconfigure(Error::DuplicateNode {
                             index,
-                            node: self.nodes[index].label().to_owned(),
+                            node: node.label().to_owned(),
                             first: other_index,
                             first_node: other_node,
-                        });
+                        }),
+                        Ok(_) if node.persistent() == Some(false) => {
+                            trace::warning!(
+                                node = node.label(),
+                                "the node runs without AOF persistence: if it restarts, it forgets \
+                                 the locks it held; run it with appendonly yes and appendfsync \
+                                 always, or delay its restarts past the largest ttl"
+                            );
+                        }
+                        _ => {}
                     }
                 }
             })
@@ -254,6 +272,18 @@ impl Redlock {
         ttl: Duration,
         patience: Patience,
     ) -> Result<Lock, Error> {
+        let span = trace::span!("lock", resource, ?ttl);
+        self.lock_patiently_inner(resource, ttl, patience)
+            .in_span(span)
+            .await
+    }
+
+    async fn lock_patiently_inner(
+        &self,
+        resource: &str,
+        ttl: Duration,
+        patience: Patience,
+    ) -> Result<Lock, Error> {
         let ttl = self.check(resource, ttl)?;
         let config = &self.inner.config;
         let mut retries = 0;
@@ -272,7 +302,9 @@ impl Redlock {
             let split_rounds = if last { timing::SPLIT_VOTE_ROUNDS } else { 0 };
             match self.attempt(resource, ttl, split_rounds).await {
                 Ok(lock) => return Ok(lock),
-                Err(e) if !last && is_retryable(&e) => {}
+                Err(e) if !last && is_retryable(&e) => {
+                    trace::debug!(attempt = retries, error = %e, ?pause, "attempt failed; retrying");
+                }
                 Err(e) => return Err(e),
             }
             retries += 1;
@@ -307,6 +339,11 @@ impl Redlock {
     /// as it was, and the lock passed in stays valid until its own
     /// `expires_at`.
     pub async fn extend(&self, lock: &Lock, ttl: Duration) -> Result<Lock, Error> {
+        let span = trace::span!("extend", resource = %lock.resource, ?ttl);
+        self.extend_inner(lock, ttl).in_span(span).await
+    }
+
+    async fn extend_inner(&self, lock: &Lock, ttl: Duration) -> Result<Lock, Error> {
         self.configured()?;
         let ttl = Ttl::new(ttl, self.inner.config.drift_factor)?;
         if !lock.adopted && !lock.is_valid() {
@@ -382,6 +419,7 @@ impl Redlock {
     /// Dropping the future may leave the keys on nodes that had not been
     /// written to yet; they expire with the lock's ttl.
     pub async fn unlock(&self, lock: &Lock) -> Result<usize, Error> {
+        let span = trace::span!("unlock", resource = %lock.resource);
         let tally = release_everywhere(
             &self.inner,
             &lock.key,
@@ -389,6 +427,7 @@ impl Redlock {
             lock.key_expiry,
             &lock.in_flight,
         )
+        .in_span(span)
         .await;
         self.note(&tally);
         tally.into_released(&lock.resource)
@@ -519,7 +558,7 @@ impl Redlock {
     /// Remembers a configuration error a round found.
     pub(crate) fn note(&self, tally: &Tally) {
         if let Some(error) = tally.same_server_error() {
-            let _ = self.inner.misconfigured.set(error);
+            self.inner.misconfigure(error);
         }
     }
 
@@ -544,6 +583,10 @@ impl Redlock {
                 Err((_, Outcome::Split | Outcome::MayBeHeld | Outcome::NoQuorum))
                     if split < split_rounds =>
                 {
+                    trace::debug!(
+                        round = split + 1,
+                        "split vote or too few answers; another round"
+                    );
                     tokio::time::sleep(timing::split_vote_pause(split)).await;
                     split += 1;
                 }

@@ -13,6 +13,7 @@ use crate::redlock::Inner;
 use crate::round::{self, InFlight, Request, Until};
 use crate::scripts;
 use crate::tally::{Ask, Tally};
+use crate::trace;
 
 /// The most releases one node's retry queue keeps. Past it, the entry whose
 /// key expires first is dropped: that key then expires with its ttl, as it
@@ -121,6 +122,11 @@ impl Retries {
         queue
             .owed
             .insert((key.to_owned(), token.to_owned()), key_expiry);
+        trace::debug!(
+            node = inner.nodes[index].label(),
+            owed = queue.owed.len(),
+            "release owed to an unreachable node"
+        );
         // A worker that died with its runtime is replaced.
         if queue.worker.as_ref().is_none_or(JoinHandle::is_finished)
             && let Ok(handle) = tokio::runtime::Handle::try_current()
@@ -179,6 +185,11 @@ async fn drain(inner: Weak<Inner>, index: usize) {
                 }
             }
         }
+        trace::debug!(
+            node = node.label(),
+            answered,
+            "release retry to an unreachable node"
+        );
         pause = if answered > 0 {
             node_timeout
         } else {

@@ -21,6 +21,8 @@ use crate::error::NodeError;
 use crate::node::Node;
 use crate::redlock::Inner;
 use crate::tally::{Ask, Reply, Tally};
+#[cfg(feature = "tracing")]
+use crate::trace;
 
 /// One request, the same for every node of a round; cheap to clone.
 #[derive(Clone)]
@@ -221,6 +223,10 @@ where
     let mut tally = Tally::new(ask, nodes.len());
     while let Some((index, outcome)) = pending.next().await {
         let answer = outcome.and_then(|value| read(&value).map_err(NodeError::UnexpectedReply));
+        #[cfg(feature = "tracing")]
+        if let Err(cause) = &answer {
+            trace::debug!(node = nodes[index].label(), %cause, "node did not agree");
+        }
         tally.record(index, nodes[index].label(), answer);
         if until == Until::Decided && tally.decided() {
             break;

@@ -16,6 +16,7 @@ use crate::guard::{LockGuard, LockWatch, State, Stop};
 use crate::lock::Lock;
 use crate::redlock::{Patience, Redlock};
 use crate::timing::{Ttl, after, alarm};
+use crate::trace::{self, InSpan};
 
 impl Redlock {
     /// Acquires `resource` (with the retries of [`lock`](Redlock::lock)) and
@@ -279,7 +280,8 @@ async fn watchdog(
             // The wait counts against the deadline, which the select below
             // still watches.
             let _permit = redlock.inner.renewals.acquire().await;
-            Step::Renewed(attempt, redlock.extend(&current, ttl).await)
+            let span = trace::span!("renewal", resource = %current.resource);
+            Step::Renewed(attempt, redlock.extend(&current, ttl).in_span(span).await)
         };
         let lost = tokio::select! {
             // The end of the validity comes before a renewal that lands at
@@ -310,6 +312,7 @@ async fn watchdog(
                     // less validity than that is left, report the loss now
                     // rather than at the deadline.
                     let error = e.to_string();
+                    trace::debug!(resource = %current.resource, %error, "renewal failed; retrying");
                     state.send_modify(|s| s.last_error = Some(error.clone()));
                     let now = Instant::now();
                     if expires_at.saturating_duration_since(now) <= config.node_timeout {
@@ -321,6 +324,7 @@ async fn watchdog(
                 }
             },
         };
+        trace::warning!(resource = %current.resource, reason = %lost, "lock lost");
         state.send_modify(|s| s.lost = Some(lost));
         break (&mut stop).await.ok();
     };
