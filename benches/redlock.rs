@@ -10,9 +10,6 @@
 //! Writes a table to stdout, and `target/bench/redlock.{json,md}` plus the
 //! latency chart `target/bench/redlock-latency.svg`.
 
-#[path = "../tests/support/mod.rs"]
-mod support;
-
 use std::fmt::Write as _;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -20,10 +17,10 @@ use std::time::{Duration, Instant};
 
 use futures::stream::{FuturesUnordered, StreamExt};
 use redis::aio::MultiplexedConnection;
+use redlock_harness::RedisServer;
+use redlock_harness::proxy::{Fault, Proxy};
 use redlock_quorum::Redlock;
 use serde_json::json;
-use support::RedisServer;
-use support::proxy::{Fault, Proxy};
 
 /// The five per-node latencies of scenario 2; the quorum bound is the third.
 const LATENCIES_MS: [f64; 5] = [0.5, 1.0, 2.0, 5.0, 40.0];
@@ -858,7 +855,7 @@ fn machine() -> String {
     let cores = std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(0);
-    let redis = std::process::Command::new(support::server::redis_server_binary())
+    let redis = std::process::Command::new(redlock_harness::server::redis_server_binary())
         .arg("--version")
         .output()
         .ok()
@@ -885,7 +882,7 @@ fn main() {
 
 async fn run(quick: bool) {
     let started = Instant::now();
-    let (urls, servers) = match support::external_nodes() {
+    let (urls, servers) = match redlock_harness::external_nodes() {
         Some(urls) => (urls, Vec::new()),
         None => {
             let servers: Vec<RedisServer> = (0..5).map(|_| RedisServer::start()).collect();

@@ -7,18 +7,16 @@
 //! Each fault runs for `REDLOCK_FAULT_SECS` seconds (default 3); set it
 //! higher for a longer run. Each prints one summary line.
 
-mod support;
-
 use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rand::RngExt;
+use redlock_harness::checker::{self, Checker};
+use redlock_harness::proxy::{Fault, Proxy};
+use redlock_harness::workload::{self, Plan, Sink, Tally};
+use redlock_harness::{Cluster, resource};
 use redlock_quorum::{Error, Redlock};
-use support::checker::{self, Checker};
-use support::proxy::{Fault, Proxy};
-use support::workload::{self, Plan, Sink, Tally};
-use support::{Cluster, resource};
 use tokio::io::{AsyncBufReadExt, BufReader};
 
 const IN_PROCESS: usize = 6;
@@ -468,7 +466,7 @@ async fn a_set_whose_reply_is_lost_is_cleaned_up_by_the_failure_path() {
     let proxies = proxies(&mut cluster).await;
     let urls: Vec<String> = proxies.iter().map(Proxy::url).collect();
     let redlock = builder(&urls).build().unwrap();
-    support::warm(&redlock).await;
+    redlock_harness::warm(&redlock).await;
 
     // A majority applies the SET but its reply never arrives: the attempt
     // times out there, fails, and must release what the nodes applied. The
@@ -728,7 +726,7 @@ async fn a_paused_holder_outlives_its_lock_and_only_a_fencing_token_stops_its_wr
         false,
     );
     let checker = Checker::default();
-    let store = support::RedisServer::start();
+    let store = redlock_harness::RedisServer::start();
     let mut child = Child::spawn_with(
         &plan,
         "paused-holder",
