@@ -15,10 +15,13 @@
 //!   across processes.
 //! - [`workload`]: the contending clients of the fault tests and what they
 //!   record.
+//! - [`fault`]: the fault-test runner: plan, checker, workload, the fault a
+//!   test injects, then the settling checks, written once.
 #![warn(missing_docs, missing_debug_implementations, rust_2018_idioms)]
 
 pub mod checker;
 pub mod cluster;
+pub mod fault;
 pub mod proxy;
 pub mod server;
 pub mod workload;
