@@ -9,16 +9,13 @@
 //! `docker-compose.redlock.yml` on ports 7001-7005 if it answers; else five
 //! `redis-server` processes started here (and one of them killed part-way).
 
-#[path = "../tests/support/mod.rs"]
-mod support;
-
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use redlock_harness::RedisServer;
+use redlock_harness::server;
 use redlock_quorum::{Error, Redlock};
-use support::RedisServer;
-use support::server;
 use tokio::sync::Mutex;
 
 const WORKERS: usize = 8;
@@ -54,7 +51,7 @@ fn pings(url: &str) -> bool {
 }
 
 fn find_nodes() -> Result<Nodes, String> {
-    if let Some(urls) = support::external_nodes() {
+    if let Some(urls) = redlock_harness::external_nodes() {
         return Ok(Nodes::External(urls, "REDLOCK_NODES"));
     }
     let cluster: Vec<String> = (7001..=7005)

@@ -13,4 +13,4 @@ if [ "${REDLOCK_COMPOSE:-0}" = 1 ]; then
   REDLOCK_NODES="$(scripts/cluster.sh nodes)"
   export REDLOCK_NODES
 fi
-cargo test "$@"
+cargo test --workspace "$@"

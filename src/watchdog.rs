@@ -3,7 +3,7 @@
 //!
 //! One task per guard, sleeping on one timer, is the simplest design that
 //! scales: a sleeping Tokio task costs a few hundred bytes and no CPU, so ten
-//! thousand guards cost only their renewals (see `benches/redlock.rs`).
+//! thousand guards cost only their renewals (see `benches/redlock/`).
 
 use std::future::Future;
 use std::time::{Duration, Instant};

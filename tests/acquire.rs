@@ -1,15 +1,13 @@
 //! Acquisition on a quorum: conflicts, contention, foreign values, validity,
 //! expiry and cancellation, against real `redis-server` nodes.
 
-mod support;
-
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use redlock_harness::checker::Checker;
+use redlock_harness::{Cluster, resource};
 use redlock_quorum::{Error, Lock, Redlock};
-use support::checker::Checker;
-use support::{Cluster, resource};
 
 const TTL: Duration = Duration::from_secs(10);
 
@@ -138,7 +136,7 @@ async fn the_checker_catches_a_planted_overlap() {
     // Negative control: the checker used above must be able to fail.
     let checker = Checker::default();
     let ms = 1_000_000u64;
-    let t0 = support::checker::mono_now();
+    let t0 = redlock_harness::checker::mono_now();
     checker.record_mono("a", "tok-a", t0, t0 + 10 * ms);
     checker.record_mono("b", "tok-b", t0 + 10 * ms, t0 + 20 * ms);
     assert!(
@@ -305,7 +303,7 @@ async fn a_dropped_lock_future_leaves_no_key_behind() {
         .unwrap();
     let res = resource("cancel");
     // Warm the connections so the SETs are written at once.
-    support::warm(&redlock).await;
+    redlock_harness::warm(&redlock).await;
 
     // Three nodes stalled: the round can neither win nor give up, so the
     // future is mid-flight when it is dropped.

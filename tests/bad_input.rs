@@ -1,13 +1,11 @@
 //! Bad input and replies that make no sense for a lock: each a typed error,
 //! no panic, and no key of ours left behind.
 
-mod support;
-
 use std::time::Duration;
 
 use redis::Commands;
+use redlock_harness::{Cluster, resource};
 use redlock_quorum::{Error, MAX_TTL, Redlock};
-use support::{Cluster, resource};
 
 const TTL: Duration = Duration::from_secs(10);
 
@@ -113,7 +111,7 @@ fn settings_out_of_range_are_named() {
 #[test]
 fn build_needs_no_runtime_and_no_server() {
     // nothing listens on this port; build() still succeeds
-    let port = support::server::free_port();
+    let port = redlock_harness::server::free_port();
     let redlock = Redlock::new([format!("redis://127.0.0.1:{port}/")]).unwrap();
     assert_eq!((redlock.node_count(), redlock.quorum()), (1, 1));
 }

@@ -1,12 +1,10 @@
 //! Fencing tokens grow with every holder, survive a minority of nodes losing
 //! their counters, and are given only to the lock's holder.
 
-mod support;
-
 use std::time::Duration;
 
+use redlock_harness::{Cluster, resource};
 use redlock_quorum::Error;
-use support::{Cluster, resource};
 
 const TTL: Duration = Duration::from_secs(10);
 

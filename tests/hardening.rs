@@ -2,14 +2,12 @@
 //! there. Each test failed on the code that had the defect and passes once it
 //! is fixed; each names the defect it covers.
 
-mod support;
-
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use redlock_harness::proxy::{Fault, Proxy};
+use redlock_harness::{Cluster, RedisServer, resource};
 use redlock_quorum::{Error, LossReason, Redlock};
-use support::proxy::{Fault, Proxy};
-use support::{Cluster, RedisServer, resource};
 
 const TTL: Duration = Duration::from_secs(10);
 
@@ -323,7 +321,7 @@ async fn lock_retries_through_a_busy_node() {
         .node_timeout(Duration::from_millis(500))
         .build()
         .unwrap();
-    support::warm(&redlock).await;
+    redlock_harness::warm(&redlock).await;
     nodes[2].kill();
 
     let mut probe = nodes[0].conn();
@@ -591,7 +589,7 @@ async fn validity_is_measured_from_the_start_of_the_round() {
         .build()
         .unwrap();
     // Connections are made first, so that the call below is one round.
-    support::warm(&redlock).await;
+    redlock_harness::warm(&redlock).await;
     let ttl = Duration::from_secs(2);
     let drift = ttl.mul_f64(0.01) + Duration::from_millis(2);
     let t0 = Instant::now();

@@ -1,12 +1,10 @@
 //! Hostile nodes and odd input, table-driven: each case gives a typed error
 //! or works correctly, never panics, and leaves no key of ours behind.
 
-mod support;
-
 use std::time::Duration;
 
+use redlock_harness::{RedisServer, resource};
 use redlock_quorum::{Error, Redlock};
-use support::{RedisServer, resource};
 
 const TTL: Duration = Duration::from_secs(10);
 

@@ -1,11 +1,9 @@
 //! Node failures: paused, killed, down at start and back again.
 
-mod support;
-
 use std::time::{Duration, Instant};
 
+use redlock_harness::{Cluster, resource};
 use redlock_quorum::{Error, NodeError};
-use support::{Cluster, resource};
 
 const TTL: Duration = Duration::from_secs(10);
 
@@ -20,7 +18,7 @@ async fn two_paused_nodes_do_not_slow_the_lock_down_to_the_timeout() {
         .node_timeout(node_timeout)
         .build()
         .unwrap();
-    support::warm(&redlock).await;
+    redlock_harness::warm(&redlock).await;
 
     cluster.node(1).pause();
     cluster.node(3).pause();
@@ -90,7 +88,7 @@ async fn three_paused_nodes_time_out_and_the_attempt_is_released() {
         .node_timeout(node_timeout)
         .build()
         .unwrap();
-    support::warm(&redlock).await;
+    redlock_harness::warm(&redlock).await;
     for i in 0..3 {
         cluster.node(i).pause();
     }
@@ -173,7 +171,7 @@ async fn a_killed_and_restarted_node_is_reconnected() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unlock_retries_an_unreachable_node_in_the_background() {
-    use support::proxy::{Fault, Proxy};
+    use redlock_harness::proxy::{Fault, Proxy};
     // Through proxies: a paused node would run the release queued on its
     // socket when resumed, retry or not. A reset connection loses it, so
     // only the background retry can remove the key there.
@@ -185,7 +183,7 @@ async fn unlock_retries_an_unreachable_node_in_the_background() {
     let redlock = redlock_quorum::Redlock::builder(proxies.iter().map(Proxy::url))
         .build()
         .unwrap();
-    support::warm(&redlock).await;
+    redlock_harness::warm(&redlock).await;
     let res = resource("unlock-retry");
     let ttl = Duration::from_secs(30);
     let lock = redlock.try_lock(&res, ttl).await.unwrap();

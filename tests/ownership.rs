@@ -1,12 +1,10 @@
 //! Ownership: only the token's holder releases or extends, extension keeps a
 //! lock alive, and the scripts survive a flushed script cache.
 
-mod support;
-
 use std::time::Duration;
 
+use redlock_harness::{Cluster, resource};
 use redlock_quorum::Error;
-use support::{Cluster, resource};
 
 const TTL: Duration = Duration::from_secs(10);
 

@@ -1,13 +1,11 @@
 //! The fault-injecting proxy does what it says, so that the fault tests and
 //! benchmarks that rely on it measure what they claim.
 
-mod support;
-
 use std::time::{Duration, Instant};
 
 use redis::AsyncCommands;
-use support::RedisServer;
-use support::proxy::{Fault, Proxy};
+use redlock_harness::RedisServer;
+use redlock_harness::proxy::{Fault, Proxy};
 
 async fn conn(url: &str) -> redis::aio::MultiplexedConnection {
     redis::Client::open(url)

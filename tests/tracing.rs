@@ -1,14 +1,12 @@
 //! Tracing: quiet at `info` on the happy path, a warning when a lock is
 //! lost, node failures at `debug`, and never a token or a password.
 
-mod support;
-
 use std::io::Write;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use redlock_harness::{Cluster, resource};
 use redlock_quorum::Redlock;
-use support::{Cluster, resource};
 use tracing_subscriber::fmt::MakeWriter;
 
 /// Everything the subscriber wrote.
@@ -87,7 +85,10 @@ fn the_happy_path_is_quiet_at_info() {
         .lines()
         .filter(|l| !l.contains("without AOF persistence"))
         .collect();
-    assert!(other.is_empty(), "nothing at info on the happy path: {other:?}");
+    assert!(
+        other.is_empty(),
+        "nothing at info on the happy path: {other:?}"
+    );
     assert_eq!(out.lines().count(), 5, "{out}");
 }
 

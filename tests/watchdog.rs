@@ -1,15 +1,13 @@
 //! The watchdog: a guard renews while it lives, reports loss, and releases
 //! on every exit path.
 
-mod support;
-
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use futures::FutureExt;
+use redlock_harness::{Cluster, resource};
 use redlock_quorum::{Error, LossReason};
-use support::{Cluster, resource};
 
 const TTL: Duration = Duration::from_millis(600);
 
@@ -457,7 +455,7 @@ async fn first_renewal_spread(
     guards: usize,
     latency: Duration,
 ) -> Duration {
-    use support::proxy::{Fault, Proxy};
+    use redlock_harness::proxy::{Fault, Proxy};
     let mut proxies = Vec::new();
     for i in 0..cluster.len() {
         proxies.push(Proxy::to_port(cluster.node(i).port()).await);
@@ -467,7 +465,7 @@ async fn first_renewal_spread(
         .node_timeout(Duration::from_millis(500))
         .build()
         .unwrap();
-    support::warm(&redlock).await;
+    redlock_harness::warm(&redlock).await;
     let ttl = Duration::from_millis(1500);
     // acquired without latency, so that their renewals fall due together
     let held: Vec<_> = futures::future::join_all((0..guards).map(|_| {

@@ -131,6 +131,11 @@ impl Checker {
         self.windows.lock().unwrap().len()
     }
 
+    /// Whether no window was recorded.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
     /// Every pair of windows of different holders that overlap.
     pub fn overlaps(&self) -> Vec<Overlap> {
         let mut windows = self.windows.lock().unwrap().clone();

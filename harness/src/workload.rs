@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use rand::RngExt;
 use redlock_quorum::{Error, Redlock};
 
-use super::checker::{self, Checker};
+use crate::checker::{self, Checker};
 
 /// What the clients do.
 #[derive(Debug, Clone)]

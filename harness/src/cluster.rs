@@ -1,14 +1,5 @@
-//! Shared test and benchmark support: real Redis nodes, and helpers to look
-//! at and plant state on them. No mock of Redis anywhere.
-//!
-//! Each test file, bench and example that uses it includes it with
-//! `mod support;` (or `#[path]`), so some helpers are unused in some of them.
-#![allow(dead_code, unreachable_pub)]
-
-pub mod checker;
-pub mod proxy;
-pub mod server;
-pub mod workload;
+//! The nodes a test runs against, helpers to look at and plant state on
+//! them, and unique resource names.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -16,7 +7,7 @@ use std::time::Duration;
 use redis::Commands;
 use redlock_quorum::{Redlock, RedlockBuilder};
 
-pub use server::RedisServer;
+use crate::server::RedisServer;
 
 /// The nodes a test runs against.
 ///
@@ -60,6 +51,11 @@ impl Cluster {
     /// How many nodes.
     pub fn len(&self) -> usize {
         self.urls.len()
+    }
+
+    /// Whether there are no nodes.
+    pub fn is_empty(&self) -> bool {
+        self.urls.is_empty()
     }
 
     /// Node `i`, to pause, kill or restart. Panics on an external cluster.

@@ -1,0 +1,164 @@
+//! Side-by-side benchmark: our `Redlock`, `rslock` 0.10, and the floor (raw
+//! `SET NX PX` to the five nodes in parallel with plain redis-rs, timed to the
+//! quorum-th OK), in one process, on the same five nodes.
+//!
+//! ```sh
+//! cargo bench --bench redlock              # full run, a few minutes
+//! cargo bench --bench redlock -- --quick   # under 30 seconds
+//! ```
+//!
+//! Writes a table to stdout, and `target/bench/redlock.{json,md}` plus the
+//! latency chart `target/bench/redlock-latency.svg`.
+//!
+//! # Layout
+//! - `subjects`: ours, rslock and the raw floor, behind one interface.
+//! - `scenarios`: what is measured, scenario by scenario.
+//! - `samples`: latency samples, percentiles and CDFs.
+//! - `report`: the table on stdout, and the JSON and Markdown files.
+//! - `chart`: the latency CDFs as SVG.
+//! - `heap`: the counting allocator behind scenario 7's memory figure.
+
+mod chart;
+mod heap;
+mod report;
+mod samples;
+mod scenarios;
+mod subjects;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use redlock_harness::RedisServer;
+use redlock_harness::proxy::Proxy;
+
+use chart::chart;
+use report::Report;
+use scenarios::{
+    Env, scenario_guards, scenario_handoff, scenario_healthy, scenario_latency,
+    scenario_throughput, scenario_two_down, scenario_validity,
+};
+use subjects::Subjects;
+
+/// The five per-node latencies of scenario 2; the quorum bound is the third.
+const LATENCIES_MS: [f64; 5] = [0.5, 1.0, 2.0, 5.0, 40.0];
+const TTL: Duration = Duration::from_secs(10);
+
+fn machine() -> String {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|c| {
+            c.lines()
+                .find(|l| l.starts_with("model name"))
+                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_owned())
+        })
+        .unwrap_or_else(|| "unknown CPU".into());
+    let cores = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(0);
+    let redis = std::process::Command::new(redlock_harness::server::redis_server_binary())
+        .arg("--version")
+        .output()
+        .ok()
+        .map(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .split_whitespace()
+                .nth(2)
+                .unwrap_or("")
+                .trim_start_matches("v=")
+                .to_owned()
+        })
+        .unwrap_or_default();
+    format!("{cores} cores, {cpu}, redis-server {redis}, loopback")
+}
+
+fn main() {
+    let quick = std::env::args().any(|a| a == "--quick");
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(run(quick));
+}
+
+async fn run(quick: bool) {
+    let started = Instant::now();
+    let (urls, servers) = match redlock_harness::external_nodes() {
+        Some(urls) => (urls, Vec::new()),
+        None => {
+            let servers: Vec<RedisServer> = (0..5).map(|_| RedisServer::start()).collect();
+            (servers.iter().map(RedisServer::url).collect(), servers)
+        }
+    };
+    let mut proxies = Vec::new();
+    for u in &urls {
+        let port: u16 = u
+            .trim_end_matches('/')
+            .rsplit(':')
+            .next()
+            .unwrap()
+            .split('/')
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap();
+        proxies.push(Proxy::to_port(port).await);
+    }
+    let mut env = Env {
+        quick,
+        urls,
+        servers,
+        proxies,
+    };
+    let machine = machine();
+    println!(
+        "redlock-quorum benchmark{} on {machine}",
+        if quick { " (--quick)" } else { "" }
+    );
+    println!(
+        "subjects: redlock-quorum (this crate), rslock 0.10, floor = raw SET NX PX to 5 nodes in parallel, timed to the 3rd OK"
+    );
+
+    let mut report = Report::default();
+    let healthy = Arc::new(Subjects::new(&env.urls).await);
+    let t = Instant::now();
+    scenario_healthy(&env, &healthy, &mut report).await;
+    let mut times = vec![t.elapsed()];
+    let t = Instant::now();
+    scenario_latency(&env, &mut report).await;
+    times.push(t.elapsed());
+    let t = Instant::now();
+    scenario_two_down(&mut env, &mut report).await;
+    times.push(t.elapsed());
+    let t = Instant::now();
+    scenario_validity(&env, &healthy, &mut report).await;
+    times.push(t.elapsed());
+    let t = Instant::now();
+    scenario_throughput(&env, &healthy, &mut report).await;
+    times.push(t.elapsed());
+    let t = Instant::now();
+    scenario_handoff(&env, &mut report).await;
+    times.push(t.elapsed());
+    let t = Instant::now();
+    scenario_guards(&env, &mut report).await;
+    times.push(t.elapsed());
+    println!(
+        "\nscenario wall times (s): {}",
+        times
+            .iter()
+            .map(|d| format!("{:.1}", d.as_secs_f64()))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/bench");
+    let _ = std::fs::create_dir_all(&dir);
+    report.save(&dir, &machine, quick);
+    if let Err(e) = chart(&report, &dir.join("redlock-latency.svg")) {
+        eprintln!("chart: {e}");
+    }
+    println!(
+        "\nwrote {}/redlock.{{json,md}} and redlock-latency.svg in {:.1} s",
+        dir.display(),
+        started.elapsed().as_secs_f64()
+    );
+}

@@ -1,0 +1,453 @@
+//! The scenarios, numbered as in the report: 1 healthy, 2 per-node latency,
+//! 3 two nodes down, 4 validity, 5 throughput, 6 contention hand-off,
+//! 7 many guards under the watchdog.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use futures::stream::{FuturesUnordered, StreamExt};
+use redlock_harness::RedisServer;
+use redlock_harness::proxy::{Fault, Proxy};
+use redlock_quorum::Redlock;
+use serde_json::json;
+
+use crate::heap::live_bytes;
+use crate::report::{Report, f, ratio};
+use crate::samples::Samples;
+use crate::subjects::{Subject, Subjects, token};
+use crate::{LATENCIES_MS, TTL};
+
+pub(crate) struct Env {
+    pub(crate) quick: bool,
+    pub(crate) urls: Vec<String>,
+    pub(crate) servers: Vec<RedisServer>,
+    pub(crate) proxies: Vec<Proxy>,
+}
+
+impl Env {
+    pub(crate) fn rounds(&self, full: usize, quick: usize) -> usize {
+        if self.quick { quick } else { full }
+    }
+    pub(crate) fn proxy_urls(&self) -> Vec<String> {
+        self.proxies.iter().map(Proxy::url).collect()
+    }
+}
+
+/// Measures `rounds` acquire+release cycles of each subject, interleaved so
+/// that drift in the machine's load hits all three alike.
+pub(crate) async fn latency_rounds(
+    s: &Subjects,
+    rounds_per: [usize; 3],
+    ttl: Duration,
+    release: bool,
+) -> [(Samples, Samples, Samples); 3] {
+    let mut out: [(Samples, Samples, Samples); 3] = Default::default();
+    let max = *rounds_per.iter().max().unwrap();
+    for i in 0..max {
+        for (k, who) in Subject::ALL.into_iter().enumerate() {
+            if i >= rounds_per[k] {
+                continue;
+            }
+            let res = format!("bench:lat:{}", token());
+            if let Some((a, r, v)) = s.cycle(who, &res, ttl, release).await {
+                out[k].0.push(a);
+                out[k].1.push(r);
+                out[k].2.push(v);
+            }
+        }
+    }
+    out
+}
+
+pub(crate) async fn scenario_healthy(env: &Env, s: &Subjects, report: &mut Report) -> f64 {
+    let n = env.rounds(3000, 300);
+    let res = latency_rounds(s, [n, n, n], TTL, true).await;
+    report.section(
+        &format!("1. healthy loopback, {n} rounds each: acquire and release latency (ms)"),
+        &[
+            "subject",
+            "acquire p50",
+            "acquire p99",
+            "release p50",
+            "release p99",
+            "acquire p50 / floor",
+            "acquire p50 / rslock",
+        ],
+    );
+    let floor_p50 = res[2].0.p50();
+    let rs_p50 = res[1].0.p50();
+    for (k, who) in Subject::ALL.into_iter().enumerate() {
+        let (a, r, _) = &res[k];
+        report.line(
+            &[who.name().into(), f(a.p50()), f(a.p99()), f(r.p50()), f(r.p99()), ratio(a.p50(), floor_p50), ratio(a.p50(), rs_p50)],
+            json!({"scenario": 1, "subject": who.name(), "acquire_p50_ms": a.p50(), "acquire_p99_ms": a.p99(),
+                   "release_p50_ms": r.p50(), "release_p99_ms": r.p99(), "rounds": a.0.len()}),
+        );
+        report
+            .curves
+            .push((format!("healthy: {}", who.name()), a.cdf()));
+    }
+    floor_p50
+}
+
+pub(crate) async fn scenario_latency(env: &Env, report: &mut Report) {
+    for (p, l) in env.proxies.iter().zip(LATENCIES_MS) {
+        p.set(Fault::Latency(Duration::from_secs_f64(l / 1e3)));
+    }
+    let s = Subjects::new(&env.proxy_urls()).await;
+    let n = env.rounds(400, 40);
+    let res = latency_rounds(&s, [n, env.rounds(100, 10), n], TTL, false).await;
+    let bound = LATENCIES_MS[2];
+    report.section(
+        "2. per-node latency 0.5/1/2/5/40 ms (proxy): acquire latency (ms); the quorum bound is the 3rd-fastest node, 2 ms",
+        &["subject", "acquire p50", "acquire p99", "p50 / 2 ms bound", "p50 / floor", "p50 / rslock"],
+    );
+    for (k, who) in Subject::ALL.into_iter().enumerate() {
+        let a = &res[k].0;
+        report.line(
+            &[who.name().into(), f(a.p50()), f(a.p99()), ratio(a.p50(), bound), ratio(a.p50(), res[2].0.p50()), ratio(a.p50(), res[1].0.p50())],
+            json!({"scenario": 2, "subject": who.name(), "acquire_p50_ms": a.p50(), "acquire_p99_ms": a.p99(), "bound_ms": bound, "rounds": a.0.len()}),
+        );
+        report
+            .curves
+            .push((format!("latency: {}", who.name()), a.cdf()));
+    }
+    for p in &env.proxies {
+        p.set(Fault::NONE);
+    }
+}
+
+pub(crate) async fn scenario_two_down(env: &mut Env, report: &mut Report) {
+    let n = env.rounds(300, 30);
+    let rs = env.rounds(10, 2);
+    report.section(
+        "3. two of five nodes unavailable: acquire latency (ms)",
+        &[
+            "fault",
+            "subject",
+            "acquire p50",
+            "acquire p99",
+            "p50 / floor",
+            "p50 / rslock",
+        ],
+    );
+    // blackholed through the proxies
+    let s = Subjects::new(&env.proxy_urls()).await;
+    env.proxies[3].set(Fault::Blackhole);
+    env.proxies[4].set(Fault::Blackhole);
+    let res = latency_rounds(&s, [n, rs, n], TTL, false).await;
+    emit_fault_rows(report, "blackholed", &res);
+    env.proxies[3].set(Fault::NONE);
+    env.proxies[4].set(Fault::NONE);
+    drop(s);
+
+    // paused with SIGSTOP (only on nodes this bench started)
+    if env.servers.len() == 5 {
+        let s = Subjects::new(&env.urls).await;
+        env.servers[3].pause();
+        env.servers[4].pause();
+        let res = latency_rounds(&s, [n, rs, n], TTL, false).await;
+        env.servers[3].resume();
+        env.servers[4].resume();
+        emit_fault_rows(report, "paused (SIGSTOP)", &res);
+    }
+}
+
+pub(crate) fn emit_fault_rows(
+    report: &mut Report,
+    fault: &str,
+    res: &[(Samples, Samples, Samples); 3],
+) {
+    for (k, who) in Subject::ALL.into_iter().enumerate() {
+        let a = &res[k].0;
+        report.line(
+            &[fault.into(), who.name().into(), f(a.p50()), f(a.p99()), ratio(a.p50(), res[2].0.p50()), ratio(a.p50(), res[1].0.p50())],
+            json!({"scenario": 3, "fault": fault, "subject": who.name(), "acquire_p50_ms": a.p50(), "acquire_p99_ms": a.p99(), "rounds": a.0.len()}),
+        );
+        report
+            .curves
+            .push((format!("{fault}: {}", who.name()), a.cdf()));
+    }
+}
+
+pub(crate) async fn scenario_validity(env: &Env, healthy: &Subjects, report: &mut Report) {
+    let ttls = [
+        Duration::from_millis(100),
+        Duration::from_secs(1),
+        Duration::from_secs(10),
+        Duration::from_secs(30),
+    ];
+    let n = env.rounds(100, 10);
+    report.section(
+        "4. validity left at acquisition / ttl; target: (ttl - drift - 1.5 x the floor's quorum round trip) / ttl",
+        &["network", "ttl", "redlock-quorum median", "redlock-quorum lowest", "rslock 0.10 median", "target", "median met"],
+    );
+    for p in &env.proxies {
+        p.set(Fault::NONE);
+    }
+    let proxied = Subjects::new(&env.proxy_urls()).await;
+    for (network, s, latency) in [("healthy", healthy, false), ("0.5-40 ms", &proxied, true)] {
+        if latency {
+            for (p, l) in env.proxies.iter().zip(LATENCIES_MS) {
+                p.set(Fault::Latency(Duration::from_secs_f64(l / 1e3)));
+            }
+        }
+        for ttl in ttls {
+            let res = latency_rounds(s, [n, n.min(20), n], ttl, false).await;
+            let ratio_at = |v: &Samples, p: f64| {
+                let mut x: Vec<Duration> = v.0.clone();
+                x.sort();
+                x.get(((x.len() as f64 - 1.0) * p).round() as usize)
+                    .map_or(f64::NAN, |d| d.as_secs_f64() / ttl.as_secs_f64())
+            };
+            let quorum_rtt = res[2].0.p50() / 1e3;
+            let drift = ttl.as_secs_f64() * 0.01 + 0.002;
+            let target = (ttl.as_secs_f64() - drift - 1.5 * quorum_rtt) / ttl.as_secs_f64();
+            let ours = ratio_at(&res[0].2, 0.5);
+            let ours_low = ratio_at(&res[0].2, 0.0);
+            let theirs = ratio_at(&res[1].2, 0.5);
+            report.line(
+                &[
+                    network.into(),
+                    format!("{} ms", ttl.as_millis()),
+                    format!("{ours:.4}"),
+                    format!("{ours_low:.4}"),
+                    format!("{theirs:.4}"),
+                    format!("{target:.4}"),
+                    if ours >= target { "yes".into() } else { "NO".into() },
+                ],
+                json!({"scenario": 4, "network": network, "ttl_ms": ttl.as_millis() as u64, "ours_median_ratio": ours,
+                       "ours_lowest_ratio": ours_low, "rslock_median_ratio": theirs, "target_ratio": target}),
+            );
+        }
+    }
+    for p in &env.proxies {
+        p.set(Fault::NONE);
+    }
+}
+
+pub(crate) async fn scenario_throughput(env: &Env, s: &Arc<Subjects>, report: &mut Report) {
+    pub(crate) const TASKS: usize = 64;
+    // Short slices, the subjects taking turns in a rotating order, so that
+    // drift in the machine's load hits all three alike.
+    let slices = if env.quick { 3 } else { 15 };
+    let slice = Duration::from_millis(300);
+    report.section(
+        &format!(
+            "5. throughput: {TASKS} tasks locking and unlocking distinct resources, {slices} x {} ms slices per subject, interleaved",
+            slice.as_millis()
+        ),
+        &["subject", "cycles/s", "/ floor", "/ rslock"],
+    );
+    let mut cycles = [0u64; 3];
+    let mut elapsed = [Duration::ZERO; 3];
+    for round in 0..slices {
+        for step in 0..3 {
+            let k = (round + step) % 3;
+            let who = Subject::ALL[k];
+            let count = Arc::new(AtomicU64::new(0));
+            let stop = Arc::new(AtomicBool::new(false));
+            let start = Instant::now();
+            let tasks: Vec<_> = (0..TASKS)
+                .map(|t| {
+                    let (count, stop, s) = (count.clone(), stop.clone(), s.clone());
+                    tokio::spawn(async move {
+                        let mut i = 0u64;
+                        while !stop.load(Ordering::Relaxed) {
+                            let res = format!("bench:tp:{round}:{t}:{i}");
+                            i += 1;
+                            if s.acquire_release(who, &res, TTL).await.is_some() {
+                                count.fetch_add(1, Ordering::Relaxed);
+                            }
+                        }
+                    })
+                })
+                .collect();
+            tokio::time::sleep(slice).await;
+            stop.store(true, Ordering::Relaxed);
+            for t in tasks {
+                let _ = t.await;
+            }
+            cycles[k] += count.load(Ordering::Relaxed);
+            elapsed[k] += start.elapsed();
+        }
+    }
+    let rates: Vec<f64> = (0..3)
+        .map(|k| cycles[k] as f64 / elapsed[k].as_secs_f64())
+        .collect();
+    for (k, who) in Subject::ALL.into_iter().enumerate() {
+        report.line(
+            &[
+                who.name().into(),
+                format!("{:.0}", rates[k]),
+                ratio(rates[k], rates[2]),
+                ratio(rates[k], rates[1]),
+            ],
+            json!({"scenario": 5, "subject": who.name(), "cycles_per_s": rates[k], "tasks": TASKS}),
+        );
+    }
+}
+
+pub(crate) async fn scenario_handoff(env: &Env, report: &mut Report) {
+    let handoffs = env.rounds(60, 8);
+    report.section(
+        &format!("6. contention hand-off: one holder's release -> another holder's grant, one resource ({handoffs} grants, hold 1 ms, think 2 ms)"),
+        &["subject", "tasks", "hand-offs", "median ms", "p99 ms"],
+    );
+    let urls: Vec<&str> = env.urls.iter().map(String::as_str).collect();
+    for tasks in [2usize, 8, 32] {
+        for (label, retry) in [
+            ("redlock-quorum (defaults: 200 ms + 0-100 ms)", None),
+            (
+                "redlock-quorum (retry 5 ms + 0-5 ms)",
+                Some(Duration::from_millis(5)),
+            ),
+            ("rslock 0.10 (defaults: 0-200 ms)", Some(Duration::ZERO)),
+        ] {
+            let events = Arc::new(std::sync::Mutex::new(
+                Vec::<(usize, Instant, Instant)>::new(),
+            ));
+            let done = Arc::new(AtomicBool::new(false));
+            let resource = format!("bench:handoff:{}", token());
+            let mut all = FuturesUnordered::new();
+            for task in 0..tasks {
+                let (events, done, resource) = (events.clone(), done.clone(), resource.clone());
+                let ours = match retry {
+                    Some(d) if d.is_zero() => None,
+                    Some(d) => Some(
+                        Redlock::builder(urls.clone())
+                            .retry_delay(d)
+                            .retry_jitter(d)
+                            .build()
+                            .unwrap(),
+                    ),
+                    None => Some(Redlock::new(urls.clone()).unwrap()),
+                };
+                let theirs = rslock::LockManager::new(urls.clone());
+                all.push(async move {
+                    while !done.load(Ordering::Relaxed) {
+                        let granted;
+                        let released;
+                        if let Some(r) = &ours {
+                            let Ok(lock) = r.lock(&resource, TTL).await else {
+                                continue;
+                            };
+                            granted = Instant::now();
+                            tokio::time::sleep(Duration::from_millis(1)).await;
+                            released = Instant::now();
+                            let _ = r.unlock(&lock).await;
+                        } else {
+                            let Ok(lock) = theirs.lock(resource.as_str(), TTL).await else {
+                                continue;
+                            };
+                            granted = Instant::now();
+                            tokio::time::sleep(Duration::from_millis(1)).await;
+                            released = Instant::now();
+                            theirs.unlock(&lock).await;
+                        }
+                        {
+                            let mut ev = events.lock().unwrap();
+                            ev.push((task, granted, released));
+                            if ev.len() > handoffs {
+                                done.store(true, Ordering::Relaxed);
+                            }
+                        }
+                        // think time, so that the releaser does not simply
+                        // take the lock again before anyone else can
+                        tokio::time::sleep(Duration::from_millis(2)).await;
+                    }
+                });
+            }
+            let limit = Duration::from_millis(if env.quick { 1200 } else { 30_000 });
+            let _ =
+                tokio::time::timeout(limit, async { while all.next().await.is_some() {} }).await;
+            done.store(true, Ordering::Relaxed);
+            drop(all);
+            let mut ev = events.lock().unwrap().clone();
+            ev.sort_by_key(|e| e.1);
+            let mut gaps = Samples::default();
+            for w in ev.windows(2) {
+                if w[0].0 != w[1].0 {
+                    gaps.push(w[1].1.saturating_duration_since(w[0].2));
+                }
+            }
+            report.line(
+                &[label.into(), tasks.to_string(), gaps.0.len().to_string(), f(gaps.p50()), f(gaps.p99())],
+                json!({"scenario": 6, "subject": label, "tasks": tasks, "handoff_p50_ms": gaps.p50(), "handoff_p99_ms": gaps.p99(), "handoffs": gaps.0.len()}),
+            );
+        }
+    }
+}
+
+pub(crate) fn cpu_seconds() -> f64 {
+    // utime + stime of this process, in clock ticks (USER_HZ = 100 on Linux)
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    let after = stat.rsplit(')').next().unwrap_or("");
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    let ticks: f64 = fields.get(11).and_then(|x| x.parse().ok()).unwrap_or(0.0)
+        + fields.get(12).and_then(|x| x.parse().ok()).unwrap_or(0.0);
+    ticks / 100.0
+}
+
+pub(crate) async fn scenario_guards(env: &Env, report: &mut Report) {
+    let guards = if env.quick { 1_000 } else { 10_000 };
+    // every guard renews each second: 10,000 renewals (50,000 scripts across
+    // the five nodes) per second on a machine that also runs the servers
+    let ttl = Duration::from_secs(3);
+    let rounds = if env.quick { 2 } else { 4 };
+    let redlock = Redlock::new(env.urls.iter().map(String::as_str)).unwrap();
+    let heap_before = live_bytes();
+    let sem = Arc::new(tokio::sync::Semaphore::new(64));
+    let mut pending = FuturesUnordered::new();
+    for g in 0..guards {
+        let (redlock, sem) = (redlock.clone(), sem.clone());
+        pending.push(async move {
+            let _permit = sem.acquire_owned().await.unwrap();
+            redlock.acquire(&format!("bench:guard:{g}"), ttl).await
+        });
+    }
+    let mut held = Vec::with_capacity(guards);
+    while let Some(g) = pending.next().await {
+        if let Ok(g) = g {
+            held.push(g);
+        }
+    }
+    let heap_after = live_bytes();
+    let cpu0 = cpu_seconds();
+    let renewals0: u64 = held.iter().map(|g| g.renewals()).sum();
+    let t0 = Instant::now();
+    tokio::time::sleep(ttl / 3 * rounds).await;
+    let wall = t0.elapsed();
+    let cpu = cpu_seconds() - cpu0;
+    let renewals: u64 = held.iter().map(|g| g.renewals()).sum::<u64>() - renewals0;
+    let still = held.iter().filter(|g| g.is_held()).count();
+    let per_round = cpu / rounds as f64;
+    let per_guard = (heap_after - heap_before) / held.len().max(1) as f64;
+    report.section(
+        &format!(
+            "7. {} guards held at once (ttl {} s, renewal every {} ms)",
+            held.len(),
+            ttl.as_secs(),
+            (ttl / 3).as_millis()
+        ),
+        &[
+            "renewal rounds",
+            "renewals",
+            "still held",
+            "CPU s / round",
+            "CPU us / renewal",
+            "memory / guard",
+        ],
+    );
+    report.line(
+        &[rounds.to_string(), renewals.to_string(), still.to_string(), format!("{per_round:.3}"), format!("{:.1}", cpu * 1e6 / renewals.max(1) as f64), format!("{:.0} B", per_guard)],
+        json!({"scenario": 7, "guards": held.len(), "rounds": rounds, "renewals": renewals, "still_held": still,
+               "cpu_s_per_round": per_round, "cpu_us_per_renewal": cpu * 1e6 / renewals.max(1) as f64,
+               "heap_bytes_per_guard": per_guard, "wall_s": wall.as_secs_f64()}),
+    );
+    report.note("CPU is this process's user+system time (the client side; the Redis servers are separate processes); memory is the live heap (counted by the bench's allocator) that the guards hold, divided by the guards: the renewal task, its timer, the watch channel and the lock.");
+    for g in held {
+        let _ = g.release().await;
+    }
+}
