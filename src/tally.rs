@@ -433,6 +433,84 @@ mod tests {
     }
 
     #[test]
+    fn owned_rounds_wait_while_a_quorum_of_ours_is_possible() {
+        let mut t = Tally::new(Ask::Owned, 5);
+        t.record(0, "n", OK);
+        t.record(1, "n", down());
+        t.record(2, "n", down());
+        assert!(!t.decided(), "the last two may still agree");
+    }
+
+    #[test]
+    fn owned_rounds_wait_while_one_answer_can_make_it_not_held() {
+        let mut t = Tally::new(Ask::Owned, 5);
+        t.record(0, "n", MISSING);
+        t.record(1, "n", MISSING);
+        t.record(2, "n", down());
+        t.record(3, "n", down());
+        assert!(!t.decided(), "a third \"no\" would make it NotHeld");
+        t.record(4, "n", MISSING);
+        assert!(t.decided());
+        assert_eq!(t.outcome(), Outcome::Refused);
+    }
+
+    #[test]
+    fn healed_nodes_count_as_refusals() {
+        let mut t = Tally::new(Ask::Owned, 5);
+        t.record(0, "n", Ok(Reply::Healed));
+        t.record(1, "n", Ok(Reply::Healed));
+        t.record(2, "n", Ok(Reply::Healed));
+        assert!(!t.decided(), "a healing renewal hears every node");
+        t.record(3, "n", OK);
+        t.record(4, "n", OK);
+        assert!(t.decided());
+        assert_eq!((t.refused, t.healed.clone()), (3, vec![0, 1, 2]));
+        assert_eq!(t.outcome(), Outcome::Refused);
+        assert!(matches!(t.into_error("r"), Error::NotHeld { .. }));
+    }
+
+    #[test]
+    fn errors_decide_only_when_they_leave_no_quorum() {
+        let mut t = Tally::new(Ask::Owned, 5);
+        for i in 0..3 {
+            t.record(i, "n", wrongtype());
+        }
+        assert!(t.decided(), "two answers cannot make a quorum either way");
+        assert_eq!(t.outcome(), Outcome::Errors);
+        // two errors leave exactly a quorum of nodes: retrying may help
+        let t = run(Ask::Acquire, vec![OK, OK, wrongtype(), wrongtype(), down()]);
+        assert!(t.decided());
+        assert_eq!((t.errors, t.unknown), (2, 1));
+        assert_eq!(t.outcome(), Outcome::NoQuorum);
+        assert!(matches!(t.into_error("r"), Error::NoQuorum { .. }));
+    }
+
+    #[test]
+    fn two_entries_for_one_server_are_a_configuration_error() {
+        let mut t = Tally::new(Ask::Acquire, 3);
+        t.record(0, "a:1", OK);
+        t.record(
+            1,
+            "b:1",
+            Err(NodeError::SameServer {
+                other_index: 0,
+                other_node: "a:1".to_owned(),
+            }),
+        );
+        t.record(2, "c:1", down());
+        assert_eq!(t.outcome(), Outcome::NoQuorum);
+        let e = t.into_error("r");
+        assert!(
+            matches!(
+                &e,
+                Error::DuplicateNode { index: 1, node, first: 0, first_node }
+                    if node == "b:1" && first_node == "a:1"
+            ),
+            "{e}"
+        );
+    }
+
+    #[test]
     fn the_quorum_is_timed() {
         let t = run(Ask::Acquire, vec![OK, held("a"), OK]);
         assert!(t.quorum_at.is_some() && t.decided());

@@ -224,6 +224,8 @@ mod tests {
         assert_eq!(after(now, MS), now + MS);
         let never = after(now, Duration::MAX);
         assert!(never > now + Duration::from_secs(86_400 * 365));
+        // "never" is thirty years of 365 days, not one year and a bit
+        assert_eq!(never - now, Duration::from_secs(946_080_000));
     }
 
     #[test]
@@ -259,6 +261,17 @@ mod tests {
         }
         assert_eq!(total, 315 * MS);
         assert!(split_vote_pause(u32::MAX) <= 5 * MS * 65_536);
+    }
+
+    #[test]
+    fn split_vote_pauses_use_their_whole_range() {
+        // Each draw lands in the upper half of [0, bound] with probability
+        // 1/2, so 200 draws all missing it has probability 2^-200.
+        for n in 0..SPLIT_VOTE_ROUNDS {
+            let bound = 5 * MS * 2u32.pow(n);
+            let longest = (0..200).map(|_| split_vote_pause(n)).max().unwrap();
+            assert!(longest > bound / 2, "n = {n}: longest {longest:?}");
+        }
     }
 
     #[test]
