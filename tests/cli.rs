@@ -530,7 +530,7 @@ fn the_fencing_token_grows_from_one_run_to_the_next() {
         .collect();
     assert_eq!(tokens.len(), 3);
     assert!(tokens.windows(2).all(|w| w[0] < w[1]), "{tokens:?}");
-    assert_eq!(lines(&dir.join("resource")), [name.clone()]);
+    assert_eq!(lines(&dir.join("resource")), [name]);
 }
 
 #[test]
