@@ -462,8 +462,7 @@ fn a_signal_ends_the_wait_without_running_the_command() {
     assert!(!dir.join("waiter-ran").exists());
     assert_released(&cluster, &name);
 
-    // A waiter whose --wait runs out gets 75; one that outlasts the holder
-    // runs.
+    // With the holder gone, a run with a --wait duration gets the lock.
     let out = output(run(&cluster, &dir, &["--wait", "300ms", &name], "true"));
     assert_eq!(code(out.status), 0, "{out:?}");
 }
