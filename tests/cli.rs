@@ -1,0 +1,588 @@
+//! The `redlock` command end to end: real `redis-server` nodes, real
+//! `redlock` processes, real children and grandchildren.
+//!
+//! The binary needs the `cli` feature. Under `cargo test --features cli`
+//! Cargo builds it for these tests; under a plain `cargo test` (CI) the
+//! first test builds it once with `cargo build --features cli`, into the
+//! same target directory.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use redlock_harness::{Cluster, resource};
+
+/// Exit codes, as `redlock run --help` documents them.
+const UNAVAILABLE: i32 = 69;
+const LOST: i32 = 74;
+const HELD: i32 = 75;
+
+/// The `redlock` binary, built on first use when Cargo did not build it.
+fn binary() -> &'static Path {
+    static BINARY: OnceLock<PathBuf> = OnceLock::new();
+    BINARY.get_or_init(|| {
+        if let Some(path) = option_env!("CARGO_BIN_EXE_redlock") {
+            return PathBuf::from(path);
+        }
+        // target/debug/deps/cli-HASH → target
+        let exe = std::env::current_exe().expect("test executable");
+        let target = exe
+            .ancestors()
+            .nth(3)
+            .expect("the test executable lives in target/PROFILE/deps")
+            .to_path_buf();
+        let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml");
+        let status = Command::new(env!("CARGO"))
+            .args(["build", "--features", "cli", "--bin", "redlock"])
+            .arg("--manifest-path")
+            .arg(&manifest)
+            .arg("--target-dir")
+            .arg(&target)
+            .status()
+            .expect("run cargo build");
+        assert!(status.success(), "cargo build --features cli failed");
+        target.join("debug").join("redlock")
+    })
+}
+
+/// A scratch directory for one test's files.
+fn scratch(topic: &str) -> PathBuf {
+    let dir =
+        std::env::temp_dir().join(resource(&format!("redlock-cli-{topic}")).replace(':', "-"));
+    std::fs::create_dir_all(&dir).expect("scratch dir");
+    dir
+}
+
+/// `redlock ARGS` against the cluster's nodes (through `REDLOCK_NODES`),
+/// with `DIR` in the environment for the children's files.
+fn redlock(cluster: &Cluster, dir: &Path, args: &[&str]) -> Command {
+    let mut cmd = Command::new(binary());
+    cmd.args(args)
+        .env("REDLOCK_NODES", cluster.urls().join(","))
+        .env("DIR", dir)
+        .stdin(Stdio::null());
+    cmd
+}
+
+/// `redlock run RUN_ARGS --shell -- SCRIPT`, with the test harness's node
+/// timeout of 500 ms (for a loaded 2-core machine) unless RUN_ARGS set one.
+fn run(cluster: &Cluster, dir: &Path, run_args: &[&str], script: &str) -> Command {
+    let mut args = vec!["run"];
+    if !run_args.contains(&"--node-timeout") {
+        args.extend_from_slice(&["--node-timeout", "500ms"]);
+    }
+    args.extend_from_slice(run_args);
+    args.extend_from_slice(&["--shell", "--", script]);
+    redlock(cluster, dir, &args)
+}
+
+fn output(mut cmd: Command) -> Output {
+    cmd.output().expect("run redlock")
+}
+
+fn code(status: ExitStatus) -> i32 {
+    status
+        .code()
+        .unwrap_or_else(|| panic!("redlock died of a signal: {status}"))
+}
+
+/// Lines of a file the children append to; none when it does not exist.
+fn lines(path: &Path) -> Vec<String> {
+    std::fs::read_to_string(path)
+        .map(|s| s.lines().map(str::to_owned).collect())
+        .unwrap_or_default()
+}
+
+fn wait_for_file(path: &Path, within: Duration) {
+    let deadline = Instant::now() + within;
+    while !path.exists() {
+        assert!(
+            Instant::now() < deadline,
+            "{} never appeared",
+            path.display()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Waits for a child process with a limit, killing it past the limit.
+fn wait_within(child: &mut Child, within: Duration) -> ExitStatus {
+    let deadline = Instant::now() + within;
+    loop {
+        if let Some(status) = child.try_wait().expect("try_wait") {
+            return status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("redlock did not exit within {within:?}");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+fn signal(child: &Child, signal: i32) {
+    let pid = libc::pid_t::try_from(child.id()).expect("pid");
+    // SAFETY: kill only sends a signal, to a process we started.
+    assert_eq!(unsafe { libc::kill(pid, signal) }, 0, "kill failed");
+}
+
+/// Whether process `pid` is gone (or a zombie nobody reaped yet).
+fn process_gone(pid: &str) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        // `PID (comm) STATE ...`
+        Ok(stat) => stat
+            .rsplit(')')
+            .next()
+            .is_some_and(|rest| rest.trim_start().starts_with('Z')),
+    }
+}
+
+/// The keys on every node (the lock's and the fencing counter among them).
+fn keys(cluster: &Cluster) -> Vec<Vec<Vec<u8>>> {
+    (0..cluster.len())
+        .map(|i| {
+            redis::cmd("KEYS")
+                .arg("*")
+                .query(&mut cluster.conn(i))
+                .expect("KEYS")
+        })
+        .collect()
+}
+
+fn assert_released(cluster: &Cluster, name: &str) {
+    assert_eq!(
+        cluster.values(name),
+        vec![None; cluster.len()],
+        "the lock {name:?} is still held somewhere"
+    );
+}
+
+#[test]
+fn five_concurrent_runs_run_the_command_once() {
+    let cluster = Cluster::start(5);
+    let dir = scratch("five");
+    let count = dir.join("count");
+    for round in 0..20 {
+        let name = resource("five");
+        let go = dir.join(format!("go-{round}"));
+        // The winner waits until the test saw the four others exit, so that
+        // no loser can come late, find the lock released, and run too.
+        let script = format!(
+            "echo run >> \"$DIR/count\"; while [ ! -e \"$DIR/go-{round}\" ]; do sleep 0.02; done"
+        );
+        let mut children: Vec<Child> = (0..5)
+            .map(|_| {
+                run(&cluster, &dir, &["--wait", "0", &name], &script)
+                    .stderr(Stdio::null())
+                    .spawn()
+                    .expect("spawn redlock")
+            })
+            .collect();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let mut codes = Vec::new();
+        while codes.len() < 4 {
+            assert!(
+                Instant::now() < deadline,
+                "round {round}: codes so far {codes:?}"
+            );
+            children.retain_mut(|c| match c.try_wait().expect("try_wait") {
+                Some(status) => {
+                    codes.push(code(status));
+                    false
+                }
+                None => true,
+            });
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(codes, [HELD; 4], "round {round}");
+        assert_eq!(children.len(), 1);
+        std::fs::write(&go, "").expect("go");
+        let status = wait_within(&mut children[0], Duration::from_secs(10));
+        assert_eq!(code(status), 0, "round {round}: the winner");
+        assert_eq!(lines(&count).len(), round + 1, "round {round}: runs");
+        assert_released(&cluster, &name);
+    }
+}
+
+#[test]
+fn hold_for_keeps_a_short_job_from_running_twice() {
+    let cluster = Cluster::start(5);
+    let dir = scratch("hold");
+    let name = resource("hold");
+    let job = "echo run >> \"$DIR/count\"; sleep 0.1";
+    let start = Instant::now();
+    let first = output(run(&cluster, &dir, &["--hold-for", "5s", &name], job));
+    assert_eq!(code(first.status), 0);
+    assert!(
+        start.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        start.elapsed()
+    );
+
+    // The second instance's timer fired a second later.
+    std::thread::sleep(Duration::from_secs(1).saturating_sub(start.elapsed()));
+    let second = output(run(&cluster, &dir, &["--hold-for", "5s", &name], job));
+    assert_eq!(code(second.status), HELD);
+    assert!(
+        String::from_utf8_lossy(&second.stderr).contains("locked elsewhere"),
+        "{second:?}"
+    );
+    assert_eq!(lines(&dir.join("count")), ["run"]);
+
+    // The keys were shortened to the hold, not left at the 30 s ttl, on a
+    // quorum (the shortening round stops at a quorum; a node it did not
+    // reach in time keeps the longer expiry, which cannot make a quorum).
+    let mut pttls: Vec<i64> = (0..cluster.len())
+        .map(|i| {
+            redis::cmd("PTTL")
+                .arg(&name)
+                .query(&mut cluster.conn(i))
+                .expect("PTTL")
+        })
+        .collect();
+    pttls.sort_unstable();
+    assert!((1..=4_200).contains(&pttls[2]), "pttls {pttls:?} ms");
+
+    // After the hold the next schedule runs the job again.
+    std::thread::sleep(Duration::from_millis(5_600).saturating_sub(start.elapsed()));
+    let third = output(run(&cluster, &dir, &["--hold-for", "5s", &name], job));
+    assert_eq!(code(third.status), 0, "{third:?}");
+    assert_eq!(lines(&dir.join("count")), ["run", "run"]);
+}
+
+#[test]
+fn renewal_keeps_the_lock_for_a_command_longer_than_three_ttls() {
+    let cluster = Cluster::start(5);
+    let dir = scratch("long");
+    let name = resource("long");
+    let mut long = run(
+        &cluster,
+        &dir,
+        &["--ttl", "1s", "--node-timeout", "200ms", &name],
+        "touch \"$DIR/started\"; sleep 3.5; touch \"$DIR/long-done\"",
+    )
+    .spawn()
+    .expect("spawn");
+    wait_for_file(&dir.join("started"), Duration::from_secs(10));
+    let started = Instant::now();
+    let mut tries = 0;
+    while long.try_wait().expect("try_wait").is_none() {
+        // A run that starts after the long command ended may rightly get
+        // the lock: only one that ran before it ended is a violation.
+        let second = output(run(
+            &cluster,
+            &dir,
+            &[&name],
+            "[ -e \"$DIR/long-done\" ] || touch \"$DIR/second\"",
+        ));
+        if long.try_wait().expect("try_wait").is_some() {
+            break;
+        }
+        assert_eq!(
+            code(second.status),
+            HELD,
+            "after {:?}: {second:?}",
+            started.elapsed()
+        );
+        tries += 1;
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(
+        started.elapsed() >= Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(tries >= 5, "only {tries} tries");
+    assert_eq!(code(wait_within(&mut long, Duration::from_secs(5))), 0);
+    assert!(!dir.join("second").exists(), "the second command ran");
+    assert_released(&cluster, &name);
+}
+
+#[test]
+fn a_lost_lock_terminates_the_whole_process_group() {
+    let mut cluster = Cluster::start(5);
+    let dir = scratch("lost");
+    let name = resource("lost");
+    // Both shells log the SIGTERM and carry on, so only the SIGKILL that
+    // follows --kill-after can end them.
+    let script = r#"
+        trap 'echo child-term >> "$DIR/log"' TERM
+        sh -c 'trap "echo grandchild-term >> \"$DIR/log\"" TERM
+               echo $$ > "$DIR/gpid"
+               while :; do sleep 0.1; done' &
+        echo $$ > "$DIR/cpid"
+        while :; do sleep 0.1; done"#;
+    let mut redlock = run(
+        &cluster,
+        &dir,
+        &[
+            "--ttl",
+            "1s",
+            "--node-timeout",
+            "200ms",
+            "--kill-after",
+            "1s",
+            &name,
+        ],
+        script,
+    )
+    .stderr(Stdio::piped())
+    .spawn()
+    .expect("spawn");
+    wait_for_file(&dir.join("gpid"), Duration::from_secs(10));
+    wait_for_file(&dir.join("cpid"), Duration::from_secs(10));
+    let cpid = lines(&dir.join("cpid")).remove(0);
+    let gpid = lines(&dir.join("gpid")).remove(0);
+    assert!(!process_gone(&cpid) && !process_gone(&gpid));
+
+    for i in 0..3 {
+        cluster.node(i).pause();
+    }
+    let paused = Instant::now();
+    let status = wait_within(&mut redlock, Duration::from_secs(15));
+    let took = paused.elapsed();
+    for i in 0..3 {
+        cluster.node(i).resume();
+    }
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(redlock.stderr.as_mut().expect("stderr"), &mut stderr)
+        .expect("stderr");
+    assert_eq!(code(status), LOST, "{stderr}");
+    assert!(stderr.contains("lost the lock"), "{stderr}");
+    // Loss within a ttl, then a second of --kill-after.
+    assert!(took >= Duration::from_secs(1), "{took:?}");
+    let mut log = lines(&dir.join("log"));
+    log.sort();
+    log.dedup();
+    assert_eq!(log, ["child-term", "grandchild-term"]);
+    assert!(process_gone(&cpid), "the child {cpid} survived");
+    assert!(process_gone(&gpid), "the grandchild {gpid} survived");
+}
+
+#[test]
+fn signals_reach_the_command_and_its_status_comes_back() {
+    let cluster = Cluster::start(5);
+    let dir = scratch("signals");
+
+    // A command that handles SIGTERM: its exit code passes through.
+    let name = resource("signals");
+    let mut trapping = run(
+        &cluster,
+        &dir,
+        &[&name],
+        "trap 'exit 7' TERM; touch \"$DIR/a\"; while :; do sleep 0.1; done",
+    )
+    .spawn()
+    .expect("spawn");
+    wait_for_file(&dir.join("a"), Duration::from_secs(10));
+    signal(&trapping, libc::SIGTERM);
+    assert_eq!(code(wait_within(&mut trapping, Duration::from_secs(10))), 7);
+    assert_released(&cluster, &name);
+
+    // Commands that die of the signal: 128 + the signal, for each signal
+    // forwarded. Run directly, without --shell.
+    for (sig, marker) in [
+        (libc::SIGTERM, "b"),
+        (libc::SIGHUP, "c"),
+        (libc::SIGINT, "d"),
+        (libc::SIGQUIT, "e"),
+    ] {
+        let name = resource("signals");
+        let script = format!("touch \"$DIR/{marker}\"; exec sleep 30");
+        let mut dying = redlock(
+            &cluster,
+            &dir,
+            &[
+                "run",
+                "--node-timeout",
+                "500ms",
+                &name,
+                "--",
+                "sh",
+                "-c",
+                &script,
+            ],
+        )
+        .spawn()
+        .expect("spawn");
+        wait_for_file(&dir.join(marker), Duration::from_secs(10));
+        // `exec sleep` replaces the shell; give it a moment to do so, so
+        // that the signal finds sleep (a shell would die of it too).
+        std::thread::sleep(Duration::from_millis(100));
+        signal(&dying, sig);
+        let status = wait_within(&mut dying, Duration::from_secs(10));
+        assert_eq!(code(status), 128 + sig, "signal {sig}");
+        assert_released(&cluster, &name);
+    }
+}
+
+#[test]
+fn a_signal_ends_the_wait_without_running_the_command() {
+    let cluster = Cluster::start(5);
+    let dir = scratch("wait");
+    let name = resource("wait");
+    let mut holder = run(
+        &cluster,
+        &dir,
+        &[&name],
+        "touch \"$DIR/held\"; while [ ! -e \"$DIR/done\" ]; do sleep 0.02; done",
+    )
+    .spawn()
+    .expect("spawn");
+    wait_for_file(&dir.join("held"), Duration::from_secs(10));
+
+    let mut waiter = run(
+        &cluster,
+        &dir,
+        &["--wait", "forever", &name],
+        "touch \"$DIR/waiter-ran\"",
+    )
+    .stderr(Stdio::piped())
+    .spawn()
+    .expect("spawn");
+    std::thread::sleep(Duration::from_millis(700));
+    assert!(waiter.try_wait().expect("try_wait").is_none(), "gave up");
+    signal(&waiter, libc::SIGTERM);
+    let status = wait_within(&mut waiter, Duration::from_secs(5));
+    assert_eq!(code(status), 128 + libc::SIGTERM);
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(waiter.stderr.as_mut().expect("stderr"), &mut stderr)
+        .expect("stderr");
+    assert!(
+        stderr.contains("SIGTERM received while waiting"),
+        "{stderr}"
+    );
+
+    std::fs::write(dir.join("done"), "").expect("done");
+    assert_eq!(code(wait_within(&mut holder, Duration::from_secs(10))), 0);
+    assert!(!dir.join("waiter-ran").exists());
+    assert_released(&cluster, &name);
+
+    // With the holder gone, a run with a --wait duration gets the lock.
+    let out = output(run(&cluster, &dir, &["--wait", "300ms", &name], "true"));
+    assert_eq!(code(out.status), 0, "{out:?}");
+}
+
+#[test]
+fn bad_input_is_refused_with_the_config_code_and_leaves_no_key() {
+    let cluster = Cluster::start(5);
+    let dir = scratch("bad");
+    let name = resource("bad");
+    let marker = dir.join("ran");
+    let touch = format!("touch {}", marker.display());
+    let bad_url = format!("{},http://127.0.0.1:1/", cluster.urls()[0]);
+    let cases: Vec<(Vec<&str>, bool, &str)> = vec![
+        // (arguments, with REDLOCK_NODES, what stderr must say)
+        (
+            vec!["run", &name, "--", "sh", "-c", &touch],
+            false,
+            "REDLOCK_NODES",
+        ),
+        (
+            vec!["run", "--nodes", &bad_url, &name, "--", "sh", "-c", &touch],
+            false,
+            "node 1 (http://127.0.0.1:1/) is not a valid address",
+        ),
+        (vec!["run", &name], true, "<COMMAND>"),
+        (vec!["run", &name, "--"], true, "<COMMAND>"),
+        (
+            vec!["run", "--ttl", "0", &name, "--", "sh", "-c", &touch],
+            true,
+            "--ttl must be longer than zero",
+        ),
+        (
+            vec!["run", "--ttl", "soon", &name, "--", "sh", "-c", &touch],
+            true,
+            "expected a duration",
+        ),
+        (
+            vec!["run", "--ttl", "3ms", &name, "--", "sh", "-c", &touch],
+            true,
+            "too short for a renewing guard",
+        ),
+        (vec!["status"], true, "<NAME>"),
+    ];
+    for (args, with_nodes, says) in cases {
+        let mut cmd = redlock(&cluster, &dir, &args);
+        if !with_nodes {
+            cmd.env_remove("REDLOCK_NODES");
+        }
+        let out = output(cmd);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(code(out.status), UNAVAILABLE, "{args:?}: {stderr}");
+        assert!(stderr.contains(says), "{args:?}: {stderr}");
+        assert!(!marker.exists(), "{args:?} ran the command");
+    }
+    assert_eq!(keys(&cluster), vec![Vec::<Vec<u8>>::new(); 5], "keys left");
+
+    // A command that cannot be found: the shell's 127, the lock released.
+    let out = output(redlock(
+        &cluster,
+        &dir,
+        &["run", &name, "--", "/nonexistent/command"],
+    ));
+    assert_eq!(code(out.status), 127);
+    assert_released(&cluster, &name);
+}
+
+#[test]
+fn the_fencing_token_grows_from_one_run_to_the_next() {
+    let cluster = Cluster::start(5);
+    let dir = scratch("fence");
+    let name = resource("fence");
+    let script = "echo \"$REDLOCK_FENCING_TOKEN\" >> \"$DIR/tokens\"; echo \"$REDLOCK_RESOURCE\" > \"$DIR/resource\"";
+    for _ in 0..3 {
+        let out = output(run(&cluster, &dir, &[&name], script));
+        assert_eq!(code(out.status), 0, "{out:?}");
+    }
+    let tokens: Vec<u64> = lines(&dir.join("tokens"))
+        .iter()
+        .map(|t| t.parse().expect("a number"))
+        .collect();
+    assert_eq!(tokens.len(), 3);
+    assert!(tokens.windows(2).all(|w| w[0] < w[1]), "{tokens:?}");
+    assert_eq!(lines(&dir.join("resource")), [name]);
+}
+
+#[test]
+fn status_shows_the_lock_per_node_without_its_token() {
+    let mut cluster = Cluster::start(5);
+    let dir = scratch("status");
+    let name = resource("status");
+
+    let free = output(redlock(&cluster, &dir, &["status", &name]));
+    assert_eq!(code(free.status), 1);
+    assert!(String::from_utf8_lossy(&free.stdout).contains("free"));
+
+    let mut holder = run(
+        &cluster,
+        &dir,
+        &[&name],
+        "touch \"$DIR/held\"; while [ ! -e \"$DIR/done\" ]; do sleep 0.02; done",
+    )
+    .spawn()
+    .expect("spawn");
+    wait_for_file(&dir.join("held"), Duration::from_secs(10));
+    cluster.node(4).kill();
+    let held = output(redlock(&cluster, &dir, &["status", &name]));
+    let stdout = String::from_utf8_lossy(&held.stdout);
+    assert_eq!(code(held.status), 0, "{stdout}");
+    assert!(stdout.contains("held: on 4 of 5 nodes"), "{stdout}");
+    assert_eq!(stdout.matches("held, expires in").count(), 4, "{stdout}");
+    let down = cluster.urls()[4]
+        .trim_start_matches("redis://")
+        .trim_end_matches('/');
+    assert!(
+        stdout
+            .lines()
+            .any(|l| l.contains(down) && l.contains("FAILED")),
+        "{stdout}"
+    );
+    let token = cluster.value_on(0, &name).expect("held on node 0");
+    assert!(!stdout.contains(&token), "{stdout}");
+
+    std::fs::write(dir.join("done"), "").expect("done");
+    assert_eq!(code(wait_within(&mut holder, Duration::from_secs(10))), 0);
+}
