@@ -84,6 +84,14 @@
 //!   server (two host names, or two databases) make every call fail with
 //!   [`Error::DuplicateNode`].
 //!
+//! # Tracing
+//! With the `tracing` feature (on by default), operations run in `debug`
+//! spans (`lock`, `extend`, `unlock`, `renewal`) and the crate emits events:
+//! node failures, retries and split votes at `debug`; a lost lock, an even
+//! node count and a node without AOF persistence at `warn`; one server named
+//! twice at `error`. The default `info` level is quiet on the happy path.
+//! Tokens and passwords are never recorded.
+//!
 //! # What a lock with an expiry cannot promise
 //! - A holder that pauses (GC, swapping, a stopped VM) past its validity
 //!   still believes it holds the lock while another client already does.
