@@ -1,0 +1,101 @@
+//! ACL users: a lock user that may only touch keys under a prefix and run
+//! the commands the crate needs (the minimal rule the README documents) can
+//! lock, extend, fence, verify and unlock; outside its prefix it gets a typed
+//! error at once and leaves nothing behind.
+
+use std::time::Duration;
+
+use redlock_harness::{Cluster, resource};
+use redlock_quorum::{Error, NodeError, Redlock};
+
+const TTL: Duration = Duration::from_secs(10);
+
+/// The README's minimal rule for a lock user whose keys start with `app:`
+/// (without `+info`, which is optional).
+const RULE: &[&str] = &[
+    "on",
+    ">locker-pass",
+    "resetkeys",
+    "~app:*",
+    "resetchannels",
+    "-@all",
+    "+set",
+    "+get",
+    "+del",
+    "+pexpire",
+    "+eval",
+    "+evalsha",
+    "+script|load",
+];
+
+fn cluster_with_lock_user() -> (Cluster, Vec<String>) {
+    let cluster = Cluster::start(3);
+    for i in 0..3 {
+        let _: () = redis::cmd("ACL")
+            .arg("SETUSER")
+            .arg("locker")
+            .arg(RULE)
+            .query(&mut cluster.conn(i))
+            .unwrap();
+    }
+    let urls = cluster
+        .urls()
+        .iter()
+        .map(|u| u.replacen("redis://", "redis://locker:locker-pass@", 1))
+        .collect();
+    (cluster, urls)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_user_limited_to_a_prefix_can_do_everything_under_it() {
+    let (cluster, urls) = cluster_with_lock_user();
+    let redlock = Redlock::builder(urls.iter().map(String::as_str))
+        .key_prefix("app:")
+        .node_timeout(Duration::from_millis(500))
+        .build()
+        .unwrap();
+    let res = resource("acl");
+    let lock = redlock.lock(&res, TTL).await.unwrap();
+    let lock = redlock.extend(&lock, TTL).await.unwrap();
+    assert_eq!(redlock.fencing_token(&lock).await.unwrap(), 1);
+    assert!(redlock.verify(&lock).await.unwrap());
+    assert_eq!(redlock.unlock(&lock).await.unwrap(), 3);
+    // a renewing guard too
+    let guard = redlock
+        .acquire(&res, Duration::from_millis(300))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert!(guard.is_held() && guard.renewals() > 0);
+    guard.release().await.unwrap();
+    assert_eq!(cluster.values(&format!("app:{res}")), vec![None; 3]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outside_its_prefix_the_user_gets_a_typed_error_and_leaves_nothing() {
+    let (cluster, urls) = cluster_with_lock_user();
+    let redlock = Redlock::builder(urls.iter().map(String::as_str))
+        .node_timeout(Duration::from_millis(500))
+        .build()
+        .unwrap();
+    let res = resource("acl-outside");
+    let started = std::time::Instant::now();
+    let err = redlock.lock(&res, TTL).await.expect_err("no permission");
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "NOPERM is not retried"
+    );
+    match &err {
+        Error::Redis { failures, .. } => {
+            assert_eq!(failures.len(), 3);
+            assert!(
+                failures
+                    .iter()
+                    .all(|f| matches!(&f.cause, NodeError::Reply(e) if e.code() == Some("NOPERM"))),
+                "{err}"
+            );
+        }
+        other => panic!("expected Error::Redis, got {other}"),
+    }
+    assert_eq!(cluster.values(&res), vec![None; 3]);
+}
