@@ -3,11 +3,15 @@
 # missing. Prints one clear message and fails when it cannot.
 set -euo pipefail
 
-if command -v "${REDIS_SERVER:-redis-server}" >/dev/null 2>&1; then
+# The TLS tests make a throwaway CA with the openssl command.
+packages=""
+command -v openssl >/dev/null 2>&1 || packages="openssl"
+if command -v "${REDIS_SERVER:-redis-server}" >/dev/null 2>&1 && [ -z "$packages" ]; then
   exit 0
 fi
+command -v "${REDIS_SERVER:-redis-server}" >/dev/null 2>&1 || packages="$packages redis-server"
 
-echo "redis-server not found; installing it with apt-get..." >&2
+echo "missing:$packages; installing with apt-get..." >&2
 if [ "$(id -u)" -eq 0 ]; then
   SUDO=""
 elif command -v sudo >/dev/null 2>&1; then
@@ -26,7 +30,8 @@ if ! command -v apt-get >/dev/null 2>&1; then
 fi
 export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -qq
-$SUDO apt-get install -y -qq --no-install-recommends redis-server >/dev/null
+# shellcheck disable=SC2086
+$SUDO apt-get install -y -qq --no-install-recommends $packages >/dev/null
 # Debian's package starts a system service on 6379; the tests start their own
 # servers on free ports and do not use it.
 command -v redis-server >/dev/null 2>&1 || { echo "error: redis-server install failed" >&2; exit 1; }

@@ -4,7 +4,8 @@
 # harness starts on free loopback ports. With REDLOCK_COMPOSE=1 the tests that
 # inject no fault run against the Docker Compose cluster instead (the fault
 # tests still start their own servers, so redis-server is needed either way).
-# Extra arguments go to `cargo test`.
+# Every feature is on (the CLI and TLS tests need theirs). Extra arguments
+# go to `cargo test`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/ensure-redis.sh
@@ -13,4 +14,4 @@ if [ "${REDLOCK_COMPOSE:-0}" = 1 ]; then
   REDLOCK_NODES="$(scripts/cluster.sh nodes)"
   export REDLOCK_NODES
 fi
-cargo test --workspace "$@"
+cargo test --workspace --all-features "$@"

@@ -63,12 +63,9 @@ fn parse(url: &str) -> Result<ConnectionInfo, (String, String)> {
     };
     match scheme {
         "redis" | "unix" | "redis+unix" => {}
-        "rediss" | "valkeys" => {
-            return fail(
-                "TLS (rediss://) is not supported by this version of redlock-quorum; \
-                 use redis:// to a TLS-terminating proxy, or a plain port"
-                    .into(),
-            );
+        "rediss" if cfg!(feature = "tls") => {}
+        "rediss" => {
+            return fail("TLS (rediss://) needs the crate feature `tls` of redlock-quorum".into());
         }
         other => {
             return fail(format!(
@@ -76,7 +73,7 @@ fn parse(url: &str) -> Result<ConnectionInfo, (String, String)> {
             ));
         }
     }
-    if scheme == "redis" {
+    if scheme == "redis" || scheme == "rediss" {
         let authority = rest.split(['/', '?']).next().unwrap_or("");
         let host_port = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
         let (host, port) = match host_port.rsplit_once(':') {
@@ -145,7 +142,9 @@ mod tests {
         assert!(reason("").contains("empty"));
         assert!(reason("127.0.0.1:7001").contains("no scheme"));
         assert!(reason("http://127.0.0.1:7001/").contains("unknown scheme `http`"));
-        assert!(reason("rediss://:hunter2@cache:6380/").contains("TLS"));
+        if !cfg!(feature = "tls") {
+            assert!(reason("rediss://:hunter2@cache:6380/").contains("feature `tls`"));
+        }
         assert!(reason("redis://127.0.0.1:70001/").contains("port `70001`"));
         assert!(reason("redis://:hunter2@127.0.0.1:abc/").contains("port `abc`"));
         assert!(reason("redis://127.0.0.1:7001/zero").contains("database `zero`"));

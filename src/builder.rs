@@ -42,6 +42,8 @@ pub(crate) struct Config {
     pub(crate) renew_interval: Option<Duration>,
     pub(crate) max_hold: Option<Duration>,
     pub(crate) renew_concurrency: usize,
+    #[cfg(feature = "tls")]
+    pub(crate) tls: Option<crate::tls::TlsConfig>,
 }
 
 /// Configures a [`Redlock`]. Made by [`Redlock::builder`].
@@ -97,6 +99,8 @@ impl RedlockBuilder {
                 renew_interval: None,
                 max_hold: None,
                 renew_concurrency: DEFAULT_RENEW_CONCURRENCY,
+                #[cfg(feature = "tls")]
+                tls: None,
             },
         }
     }
@@ -190,6 +194,15 @@ impl RedlockBuilder {
         self
     }
 
+    /// The certificates for `rediss://` nodes: a custom CA, a client
+    /// identity for mutual TLS (feature `tls`). Defaults to the system's
+    /// roots and no client certificate.
+    #[cfg(feature = "tls")]
+    pub fn tls(mut self, tls: crate::tls::TlsConfig) -> Self {
+        self.config.tls = Some(tls);
+        self
+    }
+
     /// Validates the configuration and makes the manager. Connects to
     /// nothing: each node's connection is made on its first use and then
     /// kept, so nodes that are down now are used once they come up.
@@ -259,13 +272,13 @@ impl RedlockBuilder {
                     node: name,
                 });
             }
-            let node = Node::new(index, info, config.connect_timeout, identities.clone()).map_err(
-                |e| Error::InvalidNodeAddress {
+            let node = Node::new(index, info, &config, identities.clone()).map_err(|e| {
+                Error::InvalidNodeAddress {
                     index,
                     entry: name.clone(),
                     reason: e.to_string(),
-                },
-            )?;
+                }
+            })?;
             nodes.push(Arc::new(node));
         }
         if nodes.len().is_multiple_of(2) {

@@ -240,6 +240,10 @@ pub enum NodeError {
     Reply(redis::RedisError),
     /// The node answered with a value that no lock command returns.
     UnexpectedReply(String),
+    /// The TLS handshake failed: the node's certificate is not trusted (a
+    /// wrong CA, an expired or mismatched certificate), or it wants a client
+    /// certificate that was not given. Retrying cannot fix it.
+    Tls(redis::RedisError),
     /// This entry of the node list reaches the same server as another one.
     SameServer {
         /// Position of the other entry.
@@ -247,6 +251,14 @@ pub enum NodeError {
         /// Its address, without credentials.
         other_node: String,
     },
+}
+
+/// Whether a connection failed in the TLS handshake over a certificate (the
+/// node's, or a client certificate it asked for): rustls's errors reach us as
+/// I/O errors, named in their text.
+fn is_tls_failure(err: &redis::RedisError) -> bool {
+    let text = err.to_string();
+    text.contains("certificate") || text.contains("CertificateRequired")
 }
 
 /// The error codes a server sends when it cannot serve a request for now.
@@ -271,7 +283,9 @@ impl NodeError {
     pub(crate) fn from_redis(err: redis::RedisError) -> Self {
         // Connection-level failures mean "no answer"; anything the server
         // itself said (including authentication failures) is a reply.
-        if err.is_io_error()
+        if is_tls_failure(&err) {
+            NodeError::Tls(err)
+        } else if err.is_io_error()
             || err.is_connection_dropped()
             || err.is_connection_refusal()
             || err.is_timeout()
@@ -298,6 +312,7 @@ impl fmt::Display for NodeError {
             NodeError::Busy(e) => write!(f, "busy ({e})"),
             NodeError::Reply(e) => write!(f, "error reply ({e})"),
             NodeError::UnexpectedReply(v) => write!(f, "unexpected reply {v}"),
+            NodeError::Tls(e) => write!(f, "TLS handshake failed ({e})"),
             NodeError::SameServer {
                 other_index,
                 other_node,
@@ -309,7 +324,10 @@ impl fmt::Display for NodeError {
 impl std::error::Error for NodeError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
-            NodeError::Unreachable(e) | NodeError::Busy(e) | NodeError::Reply(e) => Some(e),
+            NodeError::Unreachable(e)
+            | NodeError::Busy(e)
+            | NodeError::Reply(e)
+            | NodeError::Tls(e) => Some(e),
             _ => None,
         }
     }

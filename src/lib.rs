@@ -126,6 +126,8 @@ mod round;
 mod scripts;
 mod tally;
 mod timing;
+#[cfg(feature = "tls")]
+mod tls;
 mod trace;
 mod watchdog;
 
@@ -139,6 +141,8 @@ pub use crate::guard::{LockGuard, LockWatch};
 pub use crate::lock::Lock;
 pub use crate::redlock::Redlock;
 pub use crate::timing::MAX_TTL;
+#[cfg(feature = "tls")]
+pub use crate::tls::TlsConfig;
 
 /// The README's examples, compiled as doctests so that they stay true.
 #[cfg(doctest)]

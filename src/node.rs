@@ -25,6 +25,7 @@ use std::time::{Duration, Instant};
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, Client, ConnectionInfo, RedisError, RedisResult};
 
+use crate::builder::Config;
 use crate::error::NodeError;
 
 /// The first pause before a node whose connection failed is tried again.
@@ -125,11 +126,20 @@ impl Node {
     pub(crate) fn new(
         index: usize,
         info: ConnectionInfo,
-        connect_timeout: Duration,
+        config: &Config,
         identities: Arc<Identities>,
     ) -> RedisResult<Self> {
         let label = label(&info);
         let addr = info.addr().to_string();
+        let connect_timeout = config.connect_timeout;
+        #[cfg(feature = "tls")]
+        let client = match &config.tls {
+            Some(tls) if matches!(info.addr(), redis::ConnectionAddr::TcpTls { .. }) => {
+                Client::build_with_tls(info, tls.certificates())?
+            }
+            _ => Client::open(info)?,
+        };
+        #[cfg(not(feature = "tls"))]
         let client = Client::open(info)?;
         Ok(Node {
             index,
