@@ -15,7 +15,9 @@ use std::time::Duration;
 use futures::stream::{FuturesUnordered, StreamExt};
 use redis::aio::MultiplexedConnection;
 use redis::{Cmd, RedisResult, Script, Value};
-use tokio::sync::watch;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use tokio::sync::Notify;
 
 use crate::error::NodeError;
 use crate::node::Node;
@@ -68,30 +70,66 @@ impl Request {
     }
 }
 
+/// Which requests of one round have settled, per node. Light on purpose:
+/// a guard keeps one for its latest renewal.
+#[derive(Debug)]
+struct Settled {
+    done: Box<[AtomicBool]>,
+    changed: Notify,
+}
+
+impl Settled {
+    fn all(&self) -> bool {
+        self.done.iter().all(|d| d.load(Ordering::Acquire))
+    }
+}
+
+/// Marks one node's request of a round settled when dropped: when it
+/// completed, and also when it was dropped unfinished (see
+/// [`InFlight::settled`]).
+struct Mark {
+    settled: Arc<Settled>,
+    index: usize,
+}
+
+impl Drop for Mark {
+    fn drop(&mut self) {
+        self.settled.done[self.index].store(true, Ordering::Release);
+        self.settled.changed.notify_waiters();
+    }
+}
+
 /// Which requests of earlier rounds on a lock may still be running, per
 /// node. A clone shares the same view.
 #[derive(Clone, Default)]
 pub(crate) struct InFlight {
-    rounds: Vec<watch::Receiver<Vec<bool>>>,
+    rounds: Vec<Arc<Settled>>,
 }
 
 impl InFlight {
     /// Waits until every earlier request to node `index` has settled:
-    /// answered, timed out, or dropped before it was sent. A request that
-    /// was dropped after it was written to the socket still runs on the
-    /// node, but before anything sent to that node later, on the same
-    /// connection.
+    /// answered, timed out, or dropped unfinished. A request that was dropped
+    /// after it was written to the socket still runs on the node, but before
+    /// anything sent to that node later, on the same connection.
     ///
     /// # Cancel safety
     /// Cancel-safe: it only watches.
     pub(crate) async fn settled(&self, index: usize) {
-        for rx in &self.rounds {
-            let mut rx = rx.clone();
-            // An error means that every request of that round has settled or
-            // been dropped.
-            let _ = rx
-                .wait_for(|done| done.get(index).copied().unwrap_or(true))
-                .await;
+        for round in &self.rounds {
+            let Some(done) = round.done.get(index) else {
+                continue;
+            };
+            loop {
+                // Register before looking, so that a mark in between is not
+                // missed.
+                let changed = round.changed.notified();
+                let mut changed = std::pin::pin!(changed);
+                changed.as_mut().enable();
+                if done.load(Ordering::Acquire) {
+                    break;
+                }
+                changed.await;
+            }
         }
     }
 
@@ -102,7 +140,7 @@ impl InFlight {
             .rounds
             .iter()
             .chain(&later.rounds)
-            .filter(|rx| rx.has_changed().is_ok() && !rx.borrow().iter().all(|d| *d))
+            .filter(|round| !round.all())
             .cloned()
             .collect();
         InFlight { rounds }
@@ -196,8 +234,14 @@ where
     inner.warm_up().await;
     let nodes = &inner.nodes;
     let node_timeout = inner.config.node_timeout;
-    let (done_tx, done_rx) = watch::channel(vec![false; nodes.len()]);
-    let done_tx = Arc::new(done_tx);
+    let settled = Arc::new(Settled {
+        done: nodes
+            .iter()
+            .enumerate()
+            .map(|(index, _)| AtomicBool::new(only.is_some_and(|only| !only.contains(&index))))
+            .collect(),
+        changed: Notify::new(),
+    });
     let mut pending: FuturesUnordered<_> = nodes
         .iter()
         .enumerate()
@@ -210,15 +254,17 @@ where
                 node_timeout,
                 after.clone(),
             );
-            let done = done_tx.clone();
+            let mark = Mark {
+                settled: settled.clone(),
+                index,
+            };
             async move {
                 let outcome = work.await;
-                done.send_modify(|d| d[index] = true);
+                drop(mark);
                 (index, outcome)
             }
         })
         .collect();
-    drop(done_tx);
 
     let mut tally = Tally::new(ask, nodes.len());
     while let Some((index, outcome)) = pending.next().await {
@@ -236,10 +282,10 @@ where
         // Each is bounded by the timeouts, so the task ends soon.
         tokio::spawn(async move { while pending.next().await.is_some() {} });
     }
+    // A round that heard every node leaves nothing in flight.
+    let rounds = if settled.all() { Vec::new() } else { vec![settled] };
     Round {
         tally,
-        in_flight: InFlight {
-            rounds: vec![done_rx],
-        },
+        in_flight: InFlight { rounds },
     }
 }
