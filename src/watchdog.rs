@@ -281,7 +281,10 @@ async fn watchdog(
             // still watches.
             let _permit = redlock.inner.renewals.acquire().await;
             let span = trace::span!("renewal", resource = %current.resource);
-            Step::Renewed(attempt, redlock.extend(&current, ttl).in_span(span).await)
+            // Boxed: the renewal's state lives on the heap only while it
+            // runs, so that a sleeping guard's task stays small.
+            let renewal = Box::pin(redlock.extend(&current, ttl).in_span(span));
+            Step::Renewed(attempt, renewal.await)
         };
         let lost = tokio::select! {
             // The end of the validity comes before a renewal that lands at
@@ -332,8 +335,8 @@ async fn watchdog(
     match command {
         Some(Stop::Forget) => {}
         // `None`: the guard went away without a word; release as on drop.
-        Some(Stop::Release(reply)) => release_guarded(&redlock, &state, reply).await,
-        None => release_guarded(&redlock, &state, None).await,
+        Some(Stop::Release(reply)) => Box::pin(release_guarded(&redlock, &state, reply)).await,
+        None => Box::pin(release_guarded(&redlock, &state, None)).await,
     }
 }
 
