@@ -283,7 +283,11 @@ where
         tokio::spawn(async move { while pending.next().await.is_some() {} });
     }
     // A round that heard every node leaves nothing in flight.
-    let rounds = if settled.all() { Vec::new() } else { vec![settled] };
+    let rounds = if settled.all() {
+        Vec::new()
+    } else {
+        vec![settled]
+    };
     Round {
         tally,
         in_flight: InFlight { rounds },

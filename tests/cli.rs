@@ -586,3 +586,58 @@ fn status_shows_the_lock_per_node_without_its_token() {
     std::fs::write(dir.join("done"), "").expect("done");
     assert_eq!(code(wait_within(&mut holder, Duration::from_secs(10))), 0);
 }
+
+#[test]
+fn a_bounded_wait_runs_out_with_the_held_code_and_a_free_lock_is_taken_within_it() {
+    let cluster = Cluster::start(5);
+    let dir = scratch("wait");
+    let name = resource("wait");
+    // a holder that keeps the lock for 3 s
+    let mut holder = run(
+        &cluster,
+        &dir,
+        &["--wait", "0", &name],
+        "touch \"$DIR/held\"; sleep 3",
+    )
+    .spawn()
+    .expect("spawn holder");
+    wait_for_file(&dir.join("held"), Duration::from_secs(10));
+
+    // a 1 s wait runs out while it is held: 75, after about a second
+    let started = Instant::now();
+    let out = output(run(
+        &cluster,
+        &dir,
+        &["--wait", "1s", &name],
+        "touch \"$DIR/ran-early\"",
+    ));
+    let waited = started.elapsed();
+    assert_eq!(
+        code(out.status),
+        HELD,
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        waited >= Duration::from_millis(900),
+        "gave up after {waited:?}"
+    );
+    assert!(!dir.join("ran-early").exists(), "the command must not run");
+
+    // a 10 s wait outlasts the holder and runs the command
+    let out = output(run(
+        &cluster,
+        &dir,
+        &["--wait", "10s", &name],
+        "touch \"$DIR/ran-later\"",
+    ));
+    assert_eq!(
+        code(out.status),
+        0,
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(dir.join("ran-later").exists());
+    assert_eq!(code(wait_within(&mut holder, Duration::from_secs(10))), 0);
+    assert_released(&cluster, &name);
+}

@@ -39,16 +39,7 @@ pub(crate) async fn run(args: RunArgs, signals: &mut Signals, log: &Log) -> Resu
         .build()
         .map_err(Failure::config)?;
 
-    let guard = acquire(
-        &redlock,
-        &args.name,
-        ttl,
-        args.wait,
-        args.nodes.node_timeout,
-        signals,
-        log,
-    )
-    .await?;
+    let guard = acquire(&redlock, &args.name, ttl, args.wait, signals, log).await?;
     let acquired_at = guard.lock().started_at();
     log.info(format_args!(
         "acquired {:?} on a quorum of {} nodes, ttl {}",
@@ -156,7 +147,6 @@ async fn acquire(
     name: &str,
     ttl: Duration,
     wait: Wait,
-    node_timeout: Duration,
     signals: &mut Signals,
     log: &Log,
 ) -> Result<LockGuard, Failure> {
@@ -188,12 +178,17 @@ async fn acquire(
         ) {
             return Err(not_acquired(name, error));
         }
-        let pause = DEFAULT_RETRY_DELAY + jitter(DEFAULT_RETRY_JITTER);
-        // As the library's `lock_within`: give up unless the next attempt
-        // would end (about one node timeout after it starts) within the wait.
+        let mut pause = DEFAULT_RETRY_DELAY + jitter(DEFAULT_RETRY_JITTER);
+        // Attempts go on until the wait has run out; the last one starts when
+        // it runs out (the pause before it is cut short), so a lock freed
+        // within the wait is taken.
         let give_up = match (wait, give_up_at) {
             (Wait::For(d), _) if d.is_zero() => true,
-            (Wait::For(_), Some(at)) => Instant::now() + pause + node_timeout >= at,
+            (Wait::For(_), Some(at)) => {
+                let now = Instant::now();
+                pause = pause.min(at.saturating_duration_since(now));
+                now >= at
+            }
             // Forever, or a wait too long to represent.
             _ => false,
         };
