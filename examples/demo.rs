@@ -101,6 +101,32 @@ async fn main() {
                 .join(", ")
         ),
     }
+    // What a readiness endpoint would report.
+    let health = Redlock::new(urls.iter().map(String::as_str))
+        .expect("node URLs")
+        .health()
+        .await;
+    println!(
+        "health: quorum {}reachable",
+        if health.quorum_reachable { "" } else { "NOT " }
+    );
+    for n in &health.nodes {
+        match &n.error {
+            None => println!(
+                "  {}: {} {}, round trip {:?}, appendonly {:?}, appendfsync {}",
+                n.node,
+                n.role.as_deref().unwrap_or("?"),
+                n.version.as_deref().unwrap_or("?"),
+                n.round_trip.unwrap_or_default(),
+                n.appendonly,
+                n.appendfsync.as_deref().unwrap_or("?")
+            ),
+            Some(e) => println!("  {}: unreachable ({e})", n.node),
+        }
+    }
+    for w in &health.warnings {
+        println!("  warning: {w}");
+    }
     let run = std::process::id();
     let sale_key = format!("demo:{run}:sale:sku-42");
 

@@ -289,6 +289,7 @@ impl RedlockBuilder {
         }
         let renewals = tokio::sync::Semaphore::new(config.renew_concurrency);
         let retries = Retries::new(nodes.len());
+        let stats = crate::stats::Counters::new(nodes.len());
         Ok(Redlock {
             inner: Arc::new(Inner {
                 nodes,
@@ -297,6 +298,7 @@ impl RedlockBuilder {
                 retries,
                 misconfigured: Default::default(),
                 warmed: Default::default(),
+                stats,
             }),
         })
     }

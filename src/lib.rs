@@ -118,12 +118,14 @@ mod builder;
 mod error;
 mod fence;
 mod guard;
+mod health;
 mod lock;
 mod node;
 mod redlock;
 mod release;
 mod round;
 mod scripts;
+mod stats;
 mod tally;
 mod timing;
 #[cfg(feature = "tls")]
@@ -138,8 +140,10 @@ pub use crate::builder::{
 };
 pub use crate::error::{Error, LossReason, NodeError, NodeFailure};
 pub use crate::guard::{LockGuard, LockWatch};
+pub use crate::health::{Health, NodeHealth};
 pub use crate::lock::Lock;
 pub use crate::redlock::Redlock;
+pub use crate::stats::Stats;
 pub use crate::timing::MAX_TTL;
 #[cfg(feature = "tls")]
 pub use crate::tls::TlsConfig;

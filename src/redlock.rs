@@ -15,6 +15,7 @@ use crate::node::Node;
 use crate::release::{Cleanup, Retries, release_everywhere, release_on};
 use crate::round::{self, InFlight, Request, Round, Until};
 use crate::scripts;
+use crate::stats::{Counters, Ended};
 use crate::tally::{Ask, Outcome, Tally, quorum};
 use crate::timing::{self, Ttl};
 use crate::trace::{self, InSpan};
@@ -66,6 +67,8 @@ pub(crate) struct Inner {
     pub(crate) misconfigured: OnceLock<Error>,
     /// Set once every node was tried once; see [`Inner::warm_up`].
     pub(crate) warmed: tokio::sync::OnceCell<()>,
+    /// What the manager did; see [`Redlock::stats`].
+    pub(crate) stats: Counters,
 }
 
 impl Inner {
@@ -279,6 +282,23 @@ impl Redlock {
     }
 
     async fn lock_patiently_inner(
+        &self,
+        resource: &str,
+        ttl: Duration,
+        patience: Patience,
+    ) -> Result<Lock, Error> {
+        let started = Instant::now();
+        let result = self.lock_retrying(resource, ttl, patience).await;
+        self.inner.stats.ended(match &result {
+            Ok(_) => Ended::Granted(started.elapsed()),
+            Err(Error::Conflict { .. }) => Ended::Conflict,
+            Err(Error::NoQuorum { .. }) => Ended::NoQuorum,
+            Err(_) => Ended::Error,
+        });
+        result
+    }
+
+    async fn lock_retrying(
         &self,
         resource: &str,
         ttl: Duration,
@@ -620,6 +640,7 @@ impl Redlock {
             .arg("PX")
             .arg(ttl.millis)
             .arg("GET");
+        inner.stats.attempt();
         let start = Instant::now();
         let Round { tally, in_flight } = round::round(
             inner,

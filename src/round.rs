@@ -269,9 +269,10 @@ where
     let mut tally = Tally::new(ask, nodes.len());
     while let Some((index, outcome)) = pending.next().await {
         let answer = outcome.and_then(|value| read(&value).map_err(NodeError::UnexpectedReply));
-        #[cfg(feature = "tracing")]
-        if let Err(cause) = &answer {
-            trace::debug!(node = nodes[index].label(), %cause, "node did not agree");
+        if let Err(_cause) = &answer {
+            inner.stats.node_failed(index, nodes[index].label());
+            #[cfg(feature = "tracing")]
+            trace::debug!(node = nodes[index].label(), cause = %_cause, "node did not agree");
         }
         tally.record(index, nodes[index].label(), answer);
         if until == Until::Decided && tally.decided() {

@@ -298,6 +298,7 @@ async fn watchdog(
             step = step => match step {
                 Step::MaxHold(limit) => LossReason::MaxHold { limit },
                 Step::Renewed(attempt, Ok(lock)) => {
+                    redlock.inner.stats.renewed();
                     state.send_modify(|s| {
                         s.lock = lock;
                         s.renewals += 1;
@@ -328,6 +329,7 @@ async fn watchdog(
             },
         };
         trace::warning!(resource = %current.resource, reason = %lost, "lock lost");
+        redlock.inner.stats.lost();
         state.send_modify(|s| s.lost = Some(lost));
         break (&mut stop).await.ok();
     };

@@ -1,0 +1,145 @@
+//! A per-node health report for a readiness endpoint: `Redlock::health`.
+
+use std::time::{Duration, Instant};
+
+use crate::error::NodeError;
+use crate::redlock::Redlock;
+use crate::tally::quorum;
+
+/// One node's part of a [`Health`] report.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct NodeHealth {
+    /// The node's address, without credentials.
+    pub node: String,
+    /// Why the node could not be asked, if it could not.
+    pub error: Option<NodeError>,
+    /// The round trip of one `INFO` request (connecting not included).
+    pub round_trip: Option<Duration>,
+    /// `redis_version` (or `valkey_version`) as the server reports it.
+    pub version: Option<String>,
+    /// The server's `run_id`: it changes with every restart.
+    pub run_id: Option<String>,
+    /// `master` or `slave`, as the server reports its role.
+    pub role: Option<String>,
+    /// Whether the server writes an append-only file.
+    pub appendonly: Option<bool>,
+    /// Its `appendfsync` policy, when the user may read it (`CONFIG GET`).
+    pub appendfsync: Option<String>,
+}
+
+impl NodeHealth {
+    /// Whether the node answered.
+    pub fn is_reachable(&self) -> bool {
+        self.error.is_none()
+    }
+}
+
+/// What [`Redlock::health`] found: each node, whether a quorum is
+/// reachable, and the warnings a deployment should act on.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct Health {
+    /// One entry per node, in the order given.
+    pub nodes: Vec<NodeHealth>,
+    /// Whether enough nodes answered to make a quorum: the readiness answer.
+    pub quorum_reachable: bool,
+    /// What weakens the guarantees: a replica in the node list, a node
+    /// without persistence, an even number of nodes.
+    pub warnings: Vec<String>,
+}
+
+impl Redlock {
+    /// Asks every node at once (each bounded by the connect and node
+    /// timeouts) for its version, `run_id`, role and persistence, and
+    /// reports them with the round trip, whether a quorum is reachable, and
+    /// warnings: a node that is a replica (replication is not a quorum), a
+    /// node without AOF persistence (it forgets its locks on restart), an
+    /// even node count. What a service exposes on its readiness endpoint.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe: it only reads.
+    pub async fn health(&self) -> Health {
+        let inner = &self.inner;
+        let nodes = futures::future::join_all(inner.nodes.iter().map(|node| async move {
+            let mut report = NodeHealth {
+                node: node.label().to_owned(),
+                error: None,
+                round_trip: None,
+                version: None,
+                run_id: None,
+                role: None,
+                appendonly: None,
+                appendfsync: None,
+            };
+            let mut conn = match node.connection().await {
+                Ok(conn) => conn,
+                Err(e) => {
+                    report.error = Some(e);
+                    return report;
+                }
+            };
+            let asked = Instant::now();
+            let mut info_cmd = redis::cmd("INFO");
+            info_cmd.arg("server").arg("persistence").arg("replication");
+            let info = info_cmd.query_async::<String>(&mut conn.conn);
+            match tokio::time::timeout(inner.config.node_timeout, info).await {
+                Err(_) => report.error = Some(NodeError::Timeout),
+                Ok(Err(e)) => report.error = Some(NodeError::from_redis(e)),
+                Ok(Ok(info)) => {
+                    report.round_trip = Some(asked.elapsed());
+                    let field = |name: &str| {
+                        info.lines().find_map(|l| {
+                            l.strip_prefix(name)?
+                                .strip_prefix(':')
+                                .map(|v| v.trim().to_owned())
+                        })
+                    };
+                    report.version = field("valkey_version").or_else(|| field("redis_version"));
+                    report.run_id = field("run_id");
+                    report.role = field("role");
+                    report.appendonly = field("aof_enabled").map(|v| v == "1");
+                    let mut fsync_cmd = redis::cmd("CONFIG");
+                    fsync_cmd.arg("GET").arg("appendfsync");
+                    let fsync = fsync_cmd.query_async::<Vec<String>>(&mut conn.conn);
+                    if let Ok(Ok(pair)) =
+                        tokio::time::timeout(inner.config.node_timeout, fsync).await
+                    {
+                        report.appendfsync = pair.get(1).cloned();
+                    }
+                }
+            }
+            report
+        }))
+        .await;
+
+        let reachable = nodes.iter().filter(|n| n.is_reachable()).count();
+        let mut warnings = Vec::new();
+        for n in &nodes {
+            if n.role.as_deref() == Some("slave") {
+                warnings.push(format!(
+                    "{} is a replica: Redlock needs independent masters (replication is not a quorum)",
+                    n.node
+                ));
+            }
+            if n.appendonly == Some(false) {
+                warnings.push(format!(
+                    "{} runs without AOF persistence: if it restarts, it forgets the locks it held",
+                    n.node
+                ));
+            }
+        }
+        if nodes.len().is_multiple_of(2) {
+            warnings.push(format!(
+                "{} nodes: an even number tolerates no more failures than {}",
+                nodes.len(),
+                nodes.len() - 1
+            ));
+        }
+        Health {
+            quorum_reachable: reachable >= quorum(nodes.len()),
+            nodes,
+            warnings,
+        }
+    }
+}

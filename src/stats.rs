@@ -1,0 +1,237 @@
+//! Counters of what a manager did, always on and cheap (a relaxed atomic
+//! add per event), read with [`Redlock::stats`]. With the `metrics` feature
+//! the same events also go to the `metrics` crate's facade, so that a
+//! Prometheus (or any other) exporter sees them.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use crate::redlock::Redlock;
+
+/// Acquire-latency histogram buckets: bucket `b` holds latencies below
+/// `2^(b/4)` microseconds (four buckets per doubling, up to about 4.5 hours).
+const BUCKETS: usize = 4 * 34;
+
+/// The live counters of one manager.
+#[derive(Debug)]
+pub(crate) struct Counters {
+    attempts: AtomicU64,
+    grants: AtomicU64,
+    conflicts: AtomicU64,
+    no_quorum: AtomicU64,
+    errors: AtomicU64,
+    renewals: AtomicU64,
+    losses: AtomicU64,
+    node_failures: Box<[AtomicU64]>,
+    latency: Box<[AtomicU64]>,
+}
+
+/// What an acquisition call ended with.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Ended {
+    Granted(Duration),
+    Conflict,
+    NoQuorum,
+    Error,
+}
+
+impl Counters {
+    pub(crate) fn new(nodes: usize) -> Self {
+        Counters {
+            attempts: AtomicU64::new(0),
+            grants: AtomicU64::new(0),
+            conflicts: AtomicU64::new(0),
+            no_quorum: AtomicU64::new(0),
+            errors: AtomicU64::new(0),
+            renewals: AtomicU64::new(0),
+            losses: AtomicU64::new(0),
+            node_failures: (0..nodes).map(|_| AtomicU64::new(0)).collect(),
+            latency: (0..BUCKETS).map(|_| AtomicU64::new(0)).collect(),
+        }
+    }
+
+    /// One acquisition round sent.
+    pub(crate) fn attempt(&self) {
+        self.attempts.fetch_add(1, Ordering::Relaxed);
+        #[cfg(feature = "metrics")]
+        metrics::counter!("redlock_attempts_total").increment(1);
+    }
+
+    /// One acquisition call ended.
+    pub(crate) fn ended(&self, ended: Ended) {
+        let counter = match ended {
+            Ended::Granted(latency) => {
+                self.latency[bucket(latency)].fetch_add(1, Ordering::Relaxed);
+                #[cfg(feature = "metrics")]
+                metrics::histogram!("redlock_acquire_seconds").record(latency.as_secs_f64());
+                &self.grants
+            }
+            Ended::Conflict => &self.conflicts,
+            Ended::NoQuorum => &self.no_quorum,
+            Ended::Error => &self.errors,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        #[cfg(feature = "metrics")]
+        {
+            let outcome = match ended {
+                Ended::Granted(_) => "granted",
+                Ended::Conflict => "conflict",
+                Ended::NoQuorum => "no_quorum",
+                Ended::Error => "error",
+            };
+            metrics::counter!("redlock_acquisitions_total", "outcome" => outcome).increment(1);
+        }
+    }
+
+    /// Node `index` did not agree in a round (for any reason but a refusal).
+    pub(crate) fn node_failed(&self, index: usize, _label: &str) {
+        self.node_failures[index].fetch_add(1, Ordering::Relaxed);
+        #[cfg(feature = "metrics")]
+        metrics::counter!("redlock_node_failures_total", "node" => _label.to_owned()).increment(1);
+    }
+
+    /// A guard renewed its lock.
+    pub(crate) fn renewed(&self) {
+        self.renewals.fetch_add(1, Ordering::Relaxed);
+        #[cfg(feature = "metrics")]
+        metrics::counter!("redlock_renewals_total").increment(1);
+    }
+
+    /// A guard lost its lock (not a release).
+    pub(crate) fn lost(&self) {
+        self.losses.fetch_add(1, Ordering::Relaxed);
+        #[cfg(feature = "metrics")]
+        metrics::counter!("redlock_losses_total").increment(1);
+    }
+
+    /// The acquire latency below which `q` of the grants came (upper bound
+    /// of the histogram bucket), if any grant was counted.
+    fn quantile(&self, q: f64) -> Option<Duration> {
+        let counts: Vec<u64> = self
+            .latency
+            .iter()
+            .map(|c| c.load(Ordering::Relaxed))
+            .collect();
+        let total: u64 = counts.iter().sum();
+        if total == 0 {
+            return None;
+        }
+        let rank = ((total as f64) * q).ceil().max(1.0) as u64;
+        let mut seen = 0;
+        for (b, n) in counts.iter().enumerate() {
+            seen += n;
+            if seen >= rank {
+                return Some(upper(b));
+            }
+        }
+        Some(upper(BUCKETS - 1))
+    }
+}
+
+/// The bucket of a latency: `floor(4 × log2(µs))`, clamped.
+fn bucket(latency: Duration) -> usize {
+    let micros = latency.as_micros().max(1) as f64;
+    ((micros.log2() * 4.0).floor() as usize).min(BUCKETS - 1)
+}
+
+/// The upper bound of a bucket.
+fn upper(bucket: usize) -> Duration {
+    Duration::from_secs_f64(2f64.powf((bucket + 1) as f64 / 4.0) / 1e6)
+}
+
+/// A snapshot of a manager's counters since it was built; see
+/// [`Redlock::stats`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Stats {
+    /// Acquisition rounds sent (one call makes one or more).
+    pub attempts: u64,
+    /// Acquisition calls that got the lock.
+    pub grants: u64,
+    /// Acquisition calls that ended with `Conflict`.
+    pub conflicts: u64,
+    /// Acquisition calls that ended with `NoQuorum`.
+    pub no_quorum: u64,
+    /// Acquisition calls that ended with another error.
+    pub errors: u64,
+    /// Renewals by guards that succeeded.
+    pub renewals: u64,
+    /// Guards that lost their lock (released ones not counted).
+    pub losses: u64,
+    /// Releases owed to nodes that could not be reached, now.
+    pub pending_releases: usize,
+    /// Per node (by address, in the order given): how often it did not
+    /// agree for a reason other than a refusal (a timeout, an error, a
+    /// connection that failed).
+    pub node_failures: Vec<(String, u64)>,
+    /// The median acquire latency of granted calls (an upper bound, within
+    /// 19 %), if any.
+    pub acquire_p50: Option<Duration>,
+    /// The 99th percentile, likewise.
+    pub acquire_p99: Option<Duration>,
+}
+
+impl Redlock {
+    /// A snapshot of what this manager (and its clones) did since it was
+    /// built: acquisitions by outcome, renewals, losses, per-node failures,
+    /// owed releases and acquire-latency percentiles. Always available; the
+    /// counting costs a relaxed atomic add per event.
+    pub fn stats(&self) -> Stats {
+        let c = &self.inner.stats;
+        let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        Stats {
+            attempts: load(&c.attempts),
+            grants: load(&c.grants),
+            conflicts: load(&c.conflicts),
+            no_quorum: load(&c.no_quorum),
+            errors: load(&c.errors),
+            renewals: load(&c.renewals),
+            losses: load(&c.losses),
+            pending_releases: self.inner.retries.owed(),
+            node_failures: self
+                .inner
+                .nodes
+                .iter()
+                .zip(c.node_failures.iter())
+                .map(|(n, f)| (n.label().to_owned(), load(f)))
+                .collect(),
+            acquire_p50: c.quantile(0.5),
+            acquire_p99: c.quantile(0.99),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buckets_bound_their_latencies_within_a_fifth() {
+        for micros in [1u64, 2, 3, 100, 150, 1_000, 123_456, 10_000_000] {
+            let d = Duration::from_micros(micros);
+            let up = upper(bucket(d));
+            assert!(up >= d, "{d:?} above its bucket's bound {up:?}");
+            assert!(
+                up.as_secs_f64() <= d.as_secs_f64() * 1.19 + 1e-6,
+                "{d:?}: {up:?}"
+            );
+        }
+        assert_eq!(bucket(Duration::MAX), BUCKETS - 1);
+    }
+
+    #[test]
+    fn quantiles_follow_the_counts() {
+        let c = Counters::new(1);
+        assert_eq!(c.quantile(0.5), None);
+        for _ in 0..98 {
+            c.ended(Ended::Granted(Duration::from_micros(100)));
+        }
+        for _ in 0..2 {
+            c.ended(Ended::Granted(Duration::from_millis(50)));
+        }
+        let p50 = c.quantile(0.5).unwrap();
+        let p99 = c.quantile(0.99).unwrap();
+        assert!(p50 >= Duration::from_micros(100) && p50 < Duration::from_micros(120));
+        assert!(p99 >= Duration::from_millis(50) && p99 < Duration::from_millis(60));
+    }
+}

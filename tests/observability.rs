@@ -1,0 +1,112 @@
+//! `Redlock::stats()` counts what a scripted sequence of outcomes did, and
+//! `Redlock::health()` reports a persistent node, a node without
+//! persistence, a replica and a down node.
+
+use std::time::Duration;
+
+use redlock_harness::{Cluster, RedisServer, resource};
+use redlock_quorum::{Error, Redlock};
+
+const TTL: Duration = Duration::from_secs(10);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stats_count_a_scripted_sequence() {
+    let mut cluster = Cluster::start(3);
+    let redlock = cluster.builder().retry_count(0).build().unwrap();
+    let other = cluster.redlock();
+    let res = resource("stats");
+
+    // two grants
+    for _ in 0..2 {
+        let lock = redlock.lock(&res, TTL).await.unwrap();
+        redlock.unlock(&lock).await.unwrap();
+    }
+    // one conflict
+    let held = other.lock(&res, TTL).await.unwrap();
+    assert!(matches!(
+        redlock.try_lock(&res, TTL).await,
+        Err(Error::Conflict { .. })
+    ));
+    other.unlock(&held).await.unwrap();
+    // a guard that renews, then loses its lock when a majority dies
+    let guard = redlock
+        .acquire(&resource("stats-guard"), Duration::from_millis(600))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    cluster.node(1).kill();
+    cluster.node(2).kill();
+    let _ = guard.lost().await;
+    // one no-quorum
+    assert!(matches!(
+        redlock.try_lock(&resource("stats-none"), TTL).await,
+        Err(Error::NoQuorum { .. })
+    ));
+
+    let stats = redlock.stats();
+    assert_eq!(stats.grants, 3, "{stats:?}");
+    assert_eq!(stats.conflicts, 1, "{stats:?}");
+    assert_eq!(stats.no_quorum, 1, "{stats:?}");
+    assert_eq!(stats.errors, 0, "{stats:?}");
+    assert!(stats.attempts >= 5, "{stats:?}");
+    assert!(stats.renewals >= 1, "{stats:?}");
+    assert_eq!(stats.losses, 1, "{stats:?}");
+    assert_eq!(stats.node_failures.len(), 3);
+    assert_eq!(
+        stats.node_failures[0].1, 0,
+        "node 0 never failed: {stats:?}"
+    );
+    assert!(
+        stats.node_failures[1].1 > 0 && stats.node_failures[2].1 > 0,
+        "{stats:?}"
+    );
+    let (p50, p99) = (stats.acquire_p50.unwrap(), stats.acquire_p99.unwrap());
+    assert!(p50 <= p99 && p99 < Duration::from_secs(5), "{stats:?}");
+    drop(guard);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_reports_persistence_roles_and_down_nodes() {
+    let persistent = RedisServer::start_with(&["--appendonly", "yes", "--appendfsync", "always"]);
+    let plain = RedisServer::start();
+    let replica = RedisServer::start();
+    let _: () = redis::cmd("REPLICAOF")
+        .arg("127.0.0.1")
+        .arg(plain.port())
+        .query(&mut replica.conn())
+        .unwrap();
+    let mut down = RedisServer::start();
+    let urls = [persistent.url(), plain.url(), replica.url(), down.url()];
+    down.kill();
+    let redlock = Redlock::builder(urls.iter().map(String::as_str))
+        .node_timeout(Duration::from_millis(500))
+        .build()
+        .unwrap();
+
+    let health = redlock.health().await;
+    let [p, n, r, d] = &health.nodes[..] else {
+        panic!("{health:?}")
+    };
+    assert!(p.is_reachable() && p.appendonly == Some(true), "{p:?}");
+    assert_eq!(p.appendfsync.as_deref(), Some("always"));
+    assert_eq!(p.role.as_deref(), Some("master"));
+    assert!(p.version.is_some() && p.run_id.is_some() && p.round_trip.is_some());
+    assert_eq!(n.appendonly, Some(false), "{n:?}");
+    assert_eq!(r.role.as_deref(), Some("slave"), "{r:?}");
+    assert!(!d.is_reachable() && d.version.is_none(), "{d:?}");
+    assert!(health.quorum_reachable, "3 of 4 answered");
+    let warnings = health.warnings.join("\n");
+    assert!(
+        warnings.contains(&format!("{} is a replica", r.node)),
+        "{warnings}"
+    );
+    assert!(
+        warnings.contains(&format!("{} runs without AOF", n.node)),
+        "{warnings}"
+    );
+    assert!(
+        !warnings.contains(&format!("{} runs without AOF", p.node)),
+        "{warnings}"
+    );
+    assert!(warnings.contains("even number"), "{warnings}");
+}
