@@ -37,7 +37,9 @@
 //! attempt, [`Redlock::lock_within`] and [`Redlock::acquire_within`] retry
 //! for a given time. [`Redlock::verify`] asks the nodes whether a lock is
 //! still held, and [`Redlock::adopt`] rebuilds a lock handed over by another
-//! process from its resource and token.
+//! process from its resource and token. [`Redlock::lock_many`] and
+//! [`Redlock::acquire_many`] take several resources at once, all or nothing,
+//! in one round (one Lua script per node), without deadlock.
 //!
 //! # The algorithm
 //! - Acquire: one `SET key token NX PX ttl GET` per node, sent to all nodes
