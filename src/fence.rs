@@ -65,7 +65,7 @@ impl Redlock {
     pub async fn fencing_token(&self, lock: &Lock) -> Result<u64, Error> {
         self.configured()?;
         let not_held = || Error::NotHeld {
-            resource: lock.label(),
+            resource: lock.label().into_owned(),
         };
         if !lock.is_valid() {
             return Err(not_held());

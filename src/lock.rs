@@ -1,5 +1,6 @@
 //! The lock handle and the random token that proves ownership.
 
+use std::borrow::Cow;
 use std::fmt;
 use std::time::{Duration, Instant};
 
@@ -124,10 +125,14 @@ impl Lock {
         self.keys().collect()
     }
 
-    /// The name errors and traces give the lock: the resource, or the
-    /// resources as `multi::label` names them.
-    pub(crate) fn label(&self) -> String {
-        crate::multi::label(&self.resources().collect::<Vec<_>>()).into_owned()
+    /// The name errors and traces give the lock: the resource (borrowed, so
+    /// a single lock's unlock allocates nothing for it), or the resources
+    /// as `multi::label` names them.
+    pub(crate) fn label(&self) -> Cow<'_, str> {
+        if self.rest.is_empty() {
+            return Cow::Borrowed(&self.resource);
+        }
+        Cow::Owned(crate::multi::label(&self.resources().collect::<Vec<_>>()).into_owned())
     }
 
     /// The random value stored in the key, as 40 hex characters. It proves

@@ -369,7 +369,7 @@ impl Redlock {
         let ttl = Ttl::new(ttl, self.inner.config.drift_factor)?;
         if !lock.adopted && !lock.is_valid() {
             return Err(Error::NotHeld {
-                resource: lock.label(),
+                resource: lock.label().into_owned(),
             });
         }
         let request = multi::extend_request(lock, ttl.millis);
