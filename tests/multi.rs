@@ -54,6 +54,73 @@ async fn a_set_is_held_extended_checked_and_released_as_one() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn extend_heals_a_set_and_fails_as_a_whole_when_one_key_is_taken() {
+    let cluster = Cluster::shared(5);
+    let redlock = cluster.redlock();
+    let (x, y) = (resource("heal-x"), resource("heal-y"));
+    let lock = redlock.try_lock_many(&[&x, &y], TTL).await.expect("lock");
+    assert!(cluster.eventually(Duration::from_secs(2), |c| c.count(&y, lock.token()) == 5));
+    // y lost on a minority (a node restarted empty, say): the renewal puts
+    // it back.
+    for i in [0, 1] {
+        let _: () = redis::cmd("DEL")
+            .arg(&y)
+            .query(&mut cluster.conn(i))
+            .unwrap();
+    }
+    let lock = redlock
+        .extend(&lock, TTL)
+        .await
+        .expect("extend on a quorum");
+    assert!(
+        cluster.eventually(Duration::from_secs(2), |c| c.count(&y, lock.token()) == 5),
+        "healed"
+    );
+    // y taken by another holder on a majority: the set is not ours any
+    // more, as a whole.
+    for i in [0, 1, 2] {
+        let _: () = redis::cmd("SET")
+            .arg(&y)
+            .arg("thief")
+            .query(&mut cluster.conn(i))
+            .unwrap();
+    }
+    assert!(!redlock.verify(&lock).await.expect("verify"));
+    let err = redlock.extend(&lock, TTL).await.expect_err("not held");
+    assert!(matches!(err, Error::NotHeld { .. }), "{err}");
+    // The failed extension touched nothing: x is still ours where it was.
+    assert_eq!(cluster.count(&x, lock.token()), 5);
+    // Unlock deletes what still holds the token, and only that.
+    assert_eq!(redlock.unlock(&lock).await.expect("unlock"), 5);
+    assert_eq!(cluster.values(&x), vec![None; 5]);
+    assert_eq!(cluster.count(&y, "thief"), 3);
+    assert_eq!(cluster.count(&y, lock.token()), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_set_acquisition_leaves_nothing_behind() {
+    let cluster = Cluster::shared(5);
+    let redlock = cluster.redlock();
+    redlock_harness::warm(&redlock).await;
+    let set = names("cancelled", 50);
+    let names = refs(&set);
+    for micros in [0, 100, 300, 1_000] {
+        let attempt = redlock.try_lock_many(&names, TTL);
+        if let Ok(Ok(lock)) = tokio::time::timeout(Duration::from_micros(micros), attempt).await {
+            redlock.unlock(&lock).await.unwrap();
+        }
+        assert!(
+            cluster.eventually(Duration::from_secs(3), |c| {
+                [&set[0], &set[49]]
+                    .iter()
+                    .all(|n| c.values(n) == vec![None; 5])
+            }),
+            "keys left behind after a cancel at {micros} us"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_requests_are_refused_before_anything_is_sent() {
     let cluster = Cluster::shared(3);
     let redlock = cluster.redlock();
