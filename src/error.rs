@@ -187,6 +187,27 @@ pub enum Error {
     #[error("the resource name is empty")]
     EmptyResource,
 
+    /// A lock on several resources was asked for with an empty list.
+    #[error("the list of resources is empty")]
+    NoResources,
+
+    /// A lock on several resources named one resource twice.
+    #[error("resource {resource:?} is named twice in one request")]
+    DuplicateResource {
+        /// The resource named twice.
+        resource: String,
+    },
+
+    /// A lock on several resources named more than
+    /// [`MAX_RESOURCES`](crate::MAX_RESOURCES).
+    #[error("{count} resources in one request; at most {max} are allowed")]
+    TooManyResources {
+        /// How many resources were named.
+        count: usize,
+        /// The limit.
+        max: usize,
+    },
+
     /// The operating system's random number generator failed, so no token
     /// could be made.
     #[error("the operating system's random number generator failed: {0}")]

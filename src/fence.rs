@@ -13,8 +13,9 @@
 
 use crate::error::Error;
 use crate::lock::Lock;
+use crate::multi;
 use crate::redlock::Redlock;
-use crate::round::{self, Request, Round, Until};
+use crate::round::{self, Round, Until};
 use crate::scripts;
 use crate::tally::{Ask, Outcome};
 
@@ -31,6 +32,12 @@ impl Redlock {
     /// ever be that key, since resource names are UTF-8. Ask for the token
     /// once per acquisition, right after it; two calls for the same lock may
     /// return the same number.
+    ///
+    /// For a lock on several resources (see
+    /// [`lock_many`](Redlock::lock_many)) the token is the largest of the
+    /// resources' counters plus one, written back to every resource's
+    /// counter: larger than any token given before on any of them, and
+    /// smaller than any given later on any of them.
     ///
     /// # Examples
     /// ```no_run
@@ -58,15 +65,12 @@ impl Redlock {
     pub async fn fencing_token(&self, lock: &Lock) -> Result<u64, Error> {
         self.configured()?;
         let not_held = || Error::NotHeld {
-            resource: lock.resource.clone(),
+            resource: lock.label().into_owned(),
         };
         if !lock.is_valid() {
             return Err(not_held());
         }
-        let fence_key = scripts::fence_key(&lock.key);
-        let keys = [lock.key.as_bytes(), fence_key.as_slice()];
-
-        let read = Request::script(&scripts::FENCE_READ, keys, [lock.token.as_bytes()]);
+        let read = multi::fence_request(lock, None);
         let Round { tally, .. } = round::round(
             &self.inner,
             None,
@@ -79,17 +83,12 @@ impl Redlock {
         .await;
         self.note(&tally);
         if tally.outcome() != Outcome::Quorum {
-            return Err(tally.into_error(&lock.resource));
+            return Err(tally.into_error(&lock.label()));
         }
         let highest = tally.highest.unwrap_or(0);
         let token = u64::try_from(highest).unwrap_or(0) + 1;
 
-        let number = token.to_string();
-        let write = Request::script(
-            &scripts::FENCE_WRITE,
-            keys,
-            [lock.token.as_bytes(), number.as_bytes()],
-        );
+        let write = multi::fence_request(lock, Some(token));
         let Round { tally, .. } = round::round(
             &self.inner,
             None,
@@ -101,7 +100,7 @@ impl Redlock {
         )
         .await;
         if tally.outcome() != Outcome::Quorum {
-            return Err(tally.into_error(&lock.resource));
+            return Err(tally.into_error(&lock.label()));
         }
         // Both rounds found the lock ours on a quorum; it must still be valid
         // now for the number to belong to this holder's tenure.

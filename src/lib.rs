@@ -37,7 +37,9 @@
 //! attempt, [`Redlock::lock_within`] and [`Redlock::acquire_within`] retry
 //! for a given time. [`Redlock::verify`] asks the nodes whether a lock is
 //! still held, and [`Redlock::adopt`] rebuilds a lock handed over by another
-//! process from its resource and token.
+//! process from its resource and token. [`Redlock::lock_many`] and
+//! [`Redlock::acquire_many`] take several resources at once, all or nothing,
+//! in one round (one Lua script per node), without deadlock.
 //!
 //! # The algorithm
 //! - Acquire: one `SET key token NX PX ttl GET` per node, sent to all nodes
@@ -120,6 +122,7 @@ mod fence;
 mod guard;
 mod health;
 mod lock;
+mod multi;
 mod node;
 mod redlock;
 mod release;
@@ -142,6 +145,7 @@ pub use crate::error::{Error, LossReason, NodeError, NodeFailure};
 pub use crate::guard::{LockGuard, LockWatch};
 pub use crate::health::{Health, NodeHealth};
 pub use crate::lock::Lock;
+pub use crate::multi::MAX_RESOURCES;
 pub use crate::redlock::Redlock;
 pub use crate::stats::Stats;
 pub use crate::timing::MAX_TTL;

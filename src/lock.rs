@@ -1,5 +1,6 @@
 //! The lock handle and the random token that proves ownership.
 
+use std::borrow::Cow;
 use std::fmt;
 use std::time::{Duration, Instant};
 
@@ -37,10 +38,23 @@ pub(crate) fn new_token() -> Result<String, Error> {
 /// Its validity is measured on this process's monotonic clock from the
 /// instant the first request of the round was sent, minus the clock drift
 /// allowance; see [`validity`](Lock::validity).
+///
+/// One handle serves one resource or several: a lock from
+/// [`Redlock::lock_many`](crate::Redlock::lock_many) holds every resource
+/// of its set under one token, and `extend`, `unlock`, `verify`,
+/// `fencing_token` and the watchdog act on the whole set at once.
+/// [`resource`](Lock::resource) and [`key`](Lock::key) name the first
+/// resource; [`resources`](Lock::resources) and [`keys`](Lock::keys) name
+/// them all.
 #[derive(Clone)]
 pub struct Lock {
+    /// The first (for a single-resource lock, the only) resource.
     pub(crate) resource: String,
     pub(crate) key: String,
+    /// The other resources of a multi-resource lock with their keys, in the
+    /// order given; empty for one resource (an empty `Vec` allocates
+    /// nothing, so single locks pay 24 bytes for it).
+    pub(crate) rest: Vec<(String, String)>,
     pub(crate) token: String,
     pub(crate) started_at: Instant,
     pub(crate) expires_at: Instant,
@@ -63,12 +77,14 @@ impl PartialEq for Lock {
         (
             &self.resource,
             &self.key,
+            &self.rest,
             &self.token,
             self.started_at,
             self.expires_at,
         ) == (
             &other.resource,
             &other.key,
+            &other.rest,
             &other.token,
             other.started_at,
             other.expires_at,
@@ -79,15 +95,44 @@ impl PartialEq for Lock {
 impl Eq for Lock {}
 
 impl Lock {
-    /// The resource name that was locked.
+    /// The resource name that was locked; for a lock on several resources,
+    /// the first one given.
     pub fn resource(&self) -> &str {
         &self.resource
     }
 
+    /// Every resource name the lock holds, in the order given: one for a
+    /// lock from [`Redlock::lock`](crate::Redlock::lock), the whole set for
+    /// one from [`Redlock::lock_many`](crate::Redlock::lock_many).
+    pub fn resources(&self) -> impl Iterator<Item = &str> + Clone + '_ {
+        std::iter::once(self.resource.as_str()).chain(self.rest.iter().map(|(r, _)| r.as_str()))
+    }
+
     /// The Redis key that holds the lock: the manager's key prefix followed by
-    /// the resource name.
+    /// the resource name. For a lock on several resources, the first one's.
     pub fn key(&self) -> &str {
         &self.key
+    }
+
+    /// Every Redis key the lock holds, in the order of
+    /// [`resources`](Lock::resources).
+    pub fn keys(&self) -> impl Iterator<Item = &str> + Clone + '_ {
+        std::iter::once(self.key.as_str()).chain(self.rest.iter().map(|(_, k)| k.as_str()))
+    }
+
+    /// The keys as a list, for a request.
+    pub(crate) fn key_list(&self) -> Vec<&str> {
+        self.keys().collect()
+    }
+
+    /// The name errors and traces give the lock: the resource (borrowed, so
+    /// a single lock's unlock allocates nothing for it), or the resources
+    /// as `multi::label` names them.
+    pub(crate) fn label(&self) -> Cow<'_, str> {
+        if self.rest.is_empty() {
+            return Cow::Borrowed(&self.resource);
+        }
+        Cow::Owned(crate::multi::label(&self.resources().collect::<Vec<_>>()).into_owned())
     }
 
     /// The random value stored in the key, as 40 hex characters. It proves
@@ -127,9 +172,15 @@ impl fmt::Debug for Lock {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         // Only a prefix of the token: a full token in a log line would let
         // anyone who reads the log release the lock.
-        f.debug_struct("Lock")
+        let mut shown = f.debug_struct("Lock");
+        shown
             .field("resource", &self.resource)
-            .field("key", &self.key)
+            .field("key", &self.key);
+        if !self.rest.is_empty() {
+            let more: Vec<&str> = self.resources().skip(1).collect();
+            shown.field("more", &more);
+        }
+        shown
             .field("token", &format_args!("{}…", &self.token[..8]))
             .field("validity", &self.validity())
             .field("adopted", &self.adopted)
@@ -162,6 +213,7 @@ mod tests {
         let lock = Lock {
             resource: "r".into(),
             key: "r".into(),
+            rest: Vec::new(),
             token: token.clone(),
             started_at: now,
             expires_at: now,

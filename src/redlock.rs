@@ -4,16 +4,15 @@
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use redis::Cmd;
-
 use crate::address::NodeAddress;
 
 use crate::builder::{Config, RedlockBuilder};
 use crate::error::{Error, NodeError};
 use crate::lock::{Lock, new_token};
+use crate::multi;
 use crate::node::Node;
 use crate::release::{Cleanup, Retries, release_everywhere, release_on};
-use crate::round::{self, InFlight, Request, Round, Until};
+use crate::round::{self, InFlight, Round, Until};
 use crate::scripts;
 use crate::stats::{Counters, Ended};
 use crate::tally::{Ask, Outcome, Tally, quorum};
@@ -208,7 +207,7 @@ impl Redlock {
     /// a task spawned on the current Tokio runtime.
     pub async fn lock(&self, resource: &str, ttl: Duration) -> Result<Lock, Error> {
         let patience = Patience::Retries(self.inner.config.retry_count);
-        self.lock_patiently(resource, ttl, patience).await
+        self.lock_patiently(&[resource], ttl, patience).await
     }
 
     /// Acquires `resource` for `ttl`, waiting at most about `wait` for
@@ -250,7 +249,7 @@ impl Redlock {
         wait: Duration,
     ) -> Result<Lock, Error> {
         let patience = Patience::Until(timing::after(Instant::now(), wait));
-        self.lock_patiently(resource, ttl, patience).await
+        self.lock_patiently(&[resource], ttl, patience).await
     }
 
     /// Acquires `resource` for `ttl` with one attempt: it does not wait for
@@ -264,31 +263,33 @@ impl Redlock {
     /// # Cancel safety
     /// As [`lock`](Redlock::lock): dropping the future leaves no key behind.
     pub async fn try_lock(&self, resource: &str, ttl: Duration) -> Result<Lock, Error> {
-        self.lock_patiently(resource, ttl, Patience::Retries(0))
+        self.lock_patiently(&[resource], ttl, Patience::Retries(0))
             .await
     }
 
-    /// Acquisition with the given patience; see [`lock`](Redlock::lock).
+    /// Acquisition of one resource or several with the given patience; see
+    /// [`lock`](Redlock::lock) and [`lock_many`](Redlock::lock_many).
     pub(crate) async fn lock_patiently(
         &self,
-        resource: &str,
+        resources: &[&str],
         ttl: Duration,
         patience: Patience,
     ) -> Result<Lock, Error> {
+        let resource = &*multi::label(resources);
         let span = trace::span!("lock", resource, ?ttl);
-        self.lock_patiently_inner(resource, ttl, patience)
+        self.lock_patiently_inner(resources, ttl, patience)
             .in_span(span)
             .await
     }
 
     async fn lock_patiently_inner(
         &self,
-        resource: &str,
+        resources: &[&str],
         ttl: Duration,
         patience: Patience,
     ) -> Result<Lock, Error> {
         let started = Instant::now();
-        let result = self.lock_retrying(resource, ttl, patience).await;
+        let result = self.lock_retrying(resources, ttl, patience).await;
         self.inner.stats.ended(match &result {
             Ok(_) => Ended::Granted(started.elapsed()),
             Err(Error::Conflict { .. }) => Ended::Conflict,
@@ -300,11 +301,11 @@ impl Redlock {
 
     async fn lock_retrying(
         &self,
-        resource: &str,
+        resources: &[&str],
         ttl: Duration,
         patience: Patience,
     ) -> Result<Lock, Error> {
-        let ttl = self.check(resource, ttl)?;
+        let ttl = self.check(resources, ttl)?;
         let config = &self.inner.config;
         let mut retries = 0;
         loop {
@@ -320,7 +321,7 @@ impl Redlock {
                 }
             };
             let split_rounds = if last { timing::SPLIT_VOTE_ROUNDS } else { 0 };
-            match self.attempt(resource, ttl, split_rounds).await {
+            match self.attempt(resources, ttl, split_rounds).await {
                 Ok(lock) => return Ok(lock),
                 Err(e) if !last && is_retryable(&e) => {
                     trace::debug!(attempt = retries, error = %e, ?pause, "attempt failed; retrying");
@@ -359,7 +360,7 @@ impl Redlock {
     /// as it was, and the lock passed in stays valid until its own
     /// `expires_at`.
     pub async fn extend(&self, lock: &Lock, ttl: Duration) -> Result<Lock, Error> {
-        let span = trace::span!("extend", resource = %lock.resource, ?ttl);
+        let span = trace::span!("extend", resource = %lock.label(), ?ttl);
         self.extend_inner(lock, ttl).in_span(span).await
     }
 
@@ -368,15 +369,10 @@ impl Redlock {
         let ttl = Ttl::new(ttl, self.inner.config.drift_factor)?;
         if !lock.adopted && !lock.is_valid() {
             return Err(Error::NotHeld {
-                resource: lock.resource.clone(),
+                resource: lock.label().into_owned(),
             });
         }
-        let millis = ttl.millis.to_string();
-        let request = Request::script(
-            &scripts::EXTEND,
-            [lock.key.as_bytes()],
-            [lock.token.as_bytes(), millis.as_bytes()],
-        );
+        let request = multi::extend_request(lock, ttl.millis);
         let start = Instant::now();
         let Round { tally, in_flight } = round::round(
             &self.inner,
@@ -394,6 +390,7 @@ impl Redlock {
         match self.grant(&lock.resource, &lock.key, &lock.token, ttl, start, tally) {
             Ok(mut extended) => {
                 extended.in_flight = in_flight;
+                extended.rest = lock.rest.clone();
                 Ok(extended)
             }
             Err(failed) => {
@@ -405,14 +402,14 @@ impl Redlock {
                     release_on(
                         &self.inner,
                         Some(&healed),
-                        &lock.key,
+                        &lock.key_list(),
                         &lock.token,
                         ttl.key_expiry(start),
                         &in_flight,
                     )
                     .await;
                 }
-                Err(failed.into_error(&lock.resource))
+                Err(failed.into_error(&lock.label()))
             }
         }
     }
@@ -439,10 +436,10 @@ impl Redlock {
     /// Dropping the future may leave the keys on nodes that had not been
     /// written to yet; they expire with the lock's ttl.
     pub async fn unlock(&self, lock: &Lock) -> Result<usize, Error> {
-        let span = trace::span!("unlock", resource = %lock.resource);
+        let span = trace::span!("unlock", resource = %lock.label());
         let tally = release_everywhere(
             &self.inner,
-            &lock.key,
+            &lock.key_list(),
             &lock.token,
             lock.key_expiry,
             &lock.in_flight,
@@ -450,7 +447,7 @@ impl Redlock {
         .in_span(span)
         .await;
         self.note(&tally);
-        tally.into_released(&lock.resource)
+        tally.into_released(&lock.label())
     }
 
     /// Asks the nodes whether the lock is still held: whether a quorum holds
@@ -485,11 +482,7 @@ impl Redlock {
     /// Cancel-safe: it only reads.
     pub async fn verify(&self, lock: &Lock) -> Result<bool, Error> {
         self.configured()?;
-        let request = Request::script(
-            &scripts::CHECK,
-            [lock.key.as_bytes()],
-            [lock.token.as_bytes()],
-        );
+        let request = multi::check_request(lock);
         let Round { tally, .. } = round::round(
             &self.inner,
             None,
@@ -504,7 +497,7 @@ impl Redlock {
         match tally.outcome() {
             Outcome::Quorum => Ok(true),
             Outcome::Refused => Ok(false),
-            _ => Err(tally.into_error(&lock.resource)),
+            _ => Err(tally.into_error(&lock.label())),
         }
     }
 
@@ -553,6 +546,7 @@ impl Redlock {
         Ok(Lock {
             resource: resource.to_owned(),
             key: self.key(resource),
+            rest: Vec::new(),
             token: token.to_owned(),
             started_at: now,
             expires_at: now,
@@ -583,20 +577,23 @@ impl Redlock {
     }
 
     /// Validates the arguments of an acquisition.
-    fn check(&self, resource: &str, ttl: Duration) -> Result<Ttl, Error> {
+    fn check(&self, resources: &[&str], ttl: Duration) -> Result<Ttl, Error> {
         self.configured()?;
-        if resource.is_empty() {
-            return Err(Error::EmptyResource);
-        }
+        multi::check_resources(resources)?;
         Ttl::new(ttl, self.inner.config.drift_factor)
     }
 
     /// One acquisition attempt: a round, and up to `split_rounds` more after
     /// a split vote; see [`lock`](Redlock::lock).
-    async fn attempt(&self, resource: &str, ttl: Ttl, split_rounds: u32) -> Result<Lock, Error> {
+    async fn attempt(
+        &self,
+        resources: &[&str],
+        ttl: Ttl,
+        split_rounds: u32,
+    ) -> Result<Lock, Error> {
         let mut split = 0;
         loop {
-            match self.round_once(resource, ttl).await {
+            match self.round_once(resources, ttl).await {
                 Ok(lock) => return Ok(lock),
                 // Contenders shared the nodes, or too few answered to tell:
                 // settle it now rather than give up.
@@ -616,15 +613,15 @@ impl Redlock {
     }
 
     /// One acquisition round, released everywhere when it fails.
-    async fn round_once(&self, resource: &str, ttl: Ttl) -> Result<Lock, (Error, Outcome)> {
+    async fn round_once(&self, resources: &[&str], ttl: Ttl) -> Result<Lock, (Error, Outcome)> {
         let inner = &self.inner;
-        let key = self.key(resource);
+        let keys: Vec<String> = resources.iter().map(|r| self.key(r)).collect();
         let token = new_token().map_err(|e| (e, Outcome::Errors))?;
         // Cancellation safety: until the attempt has either been granted or
         // released, this guard releases it from a spawned task if the future
         // is dropped.
         let mut cleanup = Cleanup {
-            inner: Some((inner.clone(), key.clone(), token.clone())),
+            inner: Some((inner.clone(), keys.clone(), token.clone())),
             key_expiry: ttl.key_expiry(Instant::now()),
         };
         inner.warm_up().await;
@@ -632,14 +629,6 @@ impl Redlock {
             cleanup.disarm();
             return Err((e, Outcome::Errors));
         }
-        let mut set = Cmd::new();
-        set.arg("SET")
-            .arg(&key)
-            .arg(&token)
-            .arg("NX")
-            .arg("PX")
-            .arg(ttl.millis)
-            .arg("GET");
         inner.stats.attempt();
         let start = Instant::now();
         let Round { tally, in_flight } = round::round(
@@ -647,17 +636,22 @@ impl Redlock {
             None,
             Ask::Acquire,
             Until::Decided,
-            Request::Cmd(Arc::new(set)),
+            multi::acquire_request(&keys, &token, ttl.millis),
             &InFlight::default(),
-            scripts::read_set(&token),
+            multi::read_acquire(&token, keys.len() > 1),
         )
         .await;
         self.note(&tally);
         let outcome = tally.outcome();
-        match self.grant(resource, &key, &token, ttl, start, tally) {
+        match self.grant(resources[0], &keys[0], &token, ttl, start, tally) {
             Ok(mut lock) => {
                 cleanup.disarm();
                 lock.in_flight = in_flight;
+                lock.rest = resources[1..]
+                    .iter()
+                    .map(|r| (*r).to_owned())
+                    .zip(keys[1..].iter().cloned())
+                    .collect();
                 Ok(lock)
             }
             Err(failed) => {
@@ -668,17 +662,18 @@ impl Redlock {
                 // did not take our SET.
                 let mut maybe_ours = failed.nodes_that_may_hold_ours();
                 maybe_ours.sort_unstable();
+                let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
                 release_on(
                     inner,
                     Some(&maybe_ours),
-                    &key,
+                    &keys,
                     &token,
                     ttl.key_expiry(start),
                     &in_flight,
                 )
                 .await;
                 cleanup.disarm();
-                Err((failed.into_error(resource), outcome))
+                Err((failed.into_error(&multi::label(resources)), outcome))
             }
         }
     }
@@ -714,6 +709,7 @@ impl Redlock {
         Ok(Lock {
             resource: resource.to_owned(),
             key: key.to_owned(),
+            rest: Vec::new(),
             token: token.to_owned(),
             started_at: start,
             expires_at: ttl.expires_at(start),

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use futures::future::join_all;
 use tokio::task::JoinHandle;
 
+use crate::multi;
 use crate::redlock::Inner;
 use crate::round::{self, InFlight, Request, Until};
 use crate::scripts;
@@ -32,26 +33,29 @@ const MAX_PAUSE: Duration = Duration::from_secs(1);
 /// whose reply was lost with its connection, say), which would keep others
 /// out until it expires: they go to the node's retry queue until
 /// `key_expiry`.
+///
+/// `keys` are the keys of one lock (one, or the set of a lock on several
+/// resources): each node deletes those that hold `token`, in one script.
 pub(crate) async fn release_everywhere(
     inner: &Arc<Inner>,
-    key: &str,
+    keys: &[&str],
     token: &str,
     key_expiry: Instant,
     after: &InFlight,
 ) -> Tally {
-    release_on(inner, None, key, token, key_expiry, after).await
+    release_on(inner, None, keys, token, key_expiry, after).await
 }
 
 /// [`release_everywhere`] on the nodes in `only` (all when `None`).
 pub(crate) async fn release_on(
     inner: &Arc<Inner>,
     only: Option<&[usize]>,
-    key: &str,
+    keys: &[&str],
     token: &str,
     key_expiry: Instant,
     after: &InFlight,
 ) -> Tally {
-    let request = Request::script(&scripts::UNLOCK, [key.as_bytes()], [token.as_bytes()]);
+    let request = multi::unlock_request(keys, token);
     let round = round::round(
         inner,
         only,
@@ -63,8 +67,12 @@ pub(crate) async fn release_on(
     )
     .await;
     if Instant::now() < key_expiry {
+        // Owed key by key: the queue releases each with the single-key
+        // script, which for a set does what the set's script does.
         for &index in &round.tally.unanswered {
-            inner.retries.push(inner, index, key, token, key_expiry);
+            for key in keys {
+                inner.retries.push(inner, index, key, token, key_expiry);
+            }
         }
     }
     round.tally
@@ -201,7 +209,8 @@ async fn drain(inner: Weak<Inner>, index: usize) {
 /// Releases an attempt from a spawned task when the attempt's future is
 /// dropped before it was granted or released.
 pub(crate) struct Cleanup {
-    pub(crate) inner: Option<(Arc<Inner>, String, String)>,
+    /// The manager, the attempt's keys and its token.
+    pub(crate) inner: Option<(Arc<Inner>, Vec<String>, String)>,
     pub(crate) key_expiry: Instant,
 }
 
@@ -213,7 +222,7 @@ impl Cleanup {
 
 impl Drop for Cleanup {
     fn drop(&mut self) {
-        let Some((inner, key, token)) = self.inner.take() else {
+        let Some((inner, keys, token)) = self.inner.take() else {
             return;
         };
         // Drop must not block: hand the release to the runtime. Without a
@@ -223,7 +232,8 @@ impl Drop for Cleanup {
         let key_expiry = self.key_expiry;
         if let Ok(handle) = tokio::runtime::Handle::try_current() {
             handle.spawn(async move {
-                release_everywhere(&inner, &key, &token, key_expiry, &InFlight::default()).await;
+                let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+                release_everywhere(&inner, &keys, &token, key_expiry, &InFlight::default()).await;
             });
         }
     }

@@ -153,6 +153,151 @@ end"#,
     )
 });
 
+/// Reads the reply of [`ACQUIRE_MANY`]: 1 where it set every key; the value
+/// of the first key held by another token where it set none. Our own token
+/// there (the script sent again after its connection broke) cannot come
+/// back: the script treats our keys as free.
+pub(crate) fn read_acquire_many(token: &str) -> impl Fn(&Value) -> Result<Reply, String> + '_ {
+    move |value| match value {
+        Value::Int(1) => Ok(Reply::Agreed(None)),
+        Value::BulkString(held) if held.as_slice() != token.as_bytes() => Ok(Reply::Refused {
+            holder: Some(held.clone()),
+        }),
+        other => Err(format!("{other:?}")),
+    }
+}
+
+// The scripts of a lock on several resources. Each takes every lock key of
+// the set as `KEYS`, so one script call per node acts on the whole set
+// atomically; on one key each does what its single-key counterpart above
+// does, and locks on one resource keep using those.
+//
+// There is no limit on the number of keys in Redis itself (a command may
+// have up to 2^31 − 1 arguments, and the scripts walk `KEYS` with a loop,
+// never `unpack`): the limit is time. A node runs the script in one go, so
+// the set must be written within the node timeout (see `multi`).
+
+/// `KEYS` = the lock keys, `ARGV[1]` = token, `ARGV[2]` = ttl in
+/// milliseconds. When no key is held by another value, sets every key to the
+/// token with the ttl and returns 1. Otherwise sets nothing and returns the
+/// value of the first key held by another value, so that the tally counts
+/// holders as it does for `SET … GET`. The same key layout and the same
+/// all-or-nothing rule as node-redlock's acquire script, so the two exclude
+/// each other.
+pub(crate) static ACQUIRE_MANY: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r#"for _, key in ipairs(KEYS) do
+    local held = redis.call("get", key)
+    if held and held ~= ARGV[1] then
+        return held
+    end
+end
+for _, key in ipairs(KEYS) do
+    redis.call("set", key, ARGV[1], "PX", ARGV[2])
+end
+return 1"#,
+    )
+});
+
+/// `KEYS` = the lock keys, `ARGV[1]` = token, `ARGV[2]` = ttl in
+/// milliseconds. When any key holds another value, changes nothing and
+/// returns 0. Otherwise sets every key to the token with the ttl: returns 1
+/// when each held the token, 2 when some were missing and were set again
+/// (healed, as [`EXTEND`] does).
+pub(crate) static EXTEND_MANY: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r#"local missing = false
+for _, key in ipairs(KEYS) do
+    local held = redis.call("get", key)
+    if not held then
+        missing = true
+    elseif held ~= ARGV[1] then
+        return 0
+    end
+end
+for _, key in ipairs(KEYS) do
+    redis.call("set", key, ARGV[1], "PX", ARGV[2])
+end
+if missing then
+    return 2
+end
+return 1"#,
+    )
+});
+
+/// `KEYS` = the lock keys, `ARGV[1]` = token. Deletes every key that holds
+/// the token. Returns 1 when it deleted any, 0 otherwise.
+pub(crate) static UNLOCK_MANY: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r#"local deleted = 0
+for _, key in ipairs(KEYS) do
+    if redis.call("get", key) == ARGV[1] then
+        deleted = deleted + redis.call("del", key)
+    end
+end
+if deleted > 0 then
+    return 1
+end
+return 0"#,
+    )
+});
+
+/// `KEYS` = the lock keys, `ARGV[1]` = token. Returns 1 where every key
+/// holds the token, 0 elsewhere. Changes nothing.
+pub(crate) static CHECK_MANY: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r#"for _, key in ipairs(KEYS) do
+    if redis.call("get", key) ~= ARGV[1] then
+        return 0
+    end
+end
+return 1"#,
+    )
+});
+
+/// `KEYS` = the n lock keys, then their n fencing counter keys in the same
+/// order; `ARGV[1]` = token. Where every lock key holds the token, returns
+/// the largest of the counters (0 if none was ever set); elsewhere -1.
+pub(crate) static FENCE_READ_MANY: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r#"local n = #KEYS / 2
+local highest = 0
+for i = 1, n do
+    if redis.call("get", KEYS[i]) ~= ARGV[1] then
+        return -1
+    end
+    local counter = tonumber(redis.call("get", KEYS[n + i]) or "0")
+    if counter > highest then
+        highest = counter
+    end
+end
+return highest"#,
+    )
+});
+
+/// `KEYS` as [`FENCE_READ_MANY`]; `ARGV[1]` = token, `ARGV[2]` = the new
+/// fencing number. Where every lock key holds the token, raises each counter
+/// to the number (never lowers one) and returns 1; elsewhere changes nothing
+/// and returns 0.
+pub(crate) static FENCE_WRITE_MANY: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r#"local n = #KEYS / 2
+for i = 1, n do
+    if redis.call("get", KEYS[i]) ~= ARGV[1] then
+        return 0
+    end
+end
+local number = tonumber(ARGV[2])
+for i = 1, n do
+    local counter = tonumber(redis.call("get", KEYS[n + i]) or "0")
+    if number > counter then
+        redis.call("set", KEYS[n + i], ARGV[2])
+    end
+end
+return 1"#,
+    )
+});
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -120,7 +120,7 @@ impl Redlock {
         patience: Patience,
     ) -> Result<LockGuard, Error> {
         let interval = self.renew_interval(ttl)?;
-        let lock = self.lock_patiently(resource, ttl, patience).await?;
+        let lock = self.lock_patiently(&[resource], ttl, patience).await?;
         Ok(self.guard(lock, ttl, interval))
     }
 
@@ -206,7 +206,7 @@ impl Redlock {
     }
 
     /// The renewal interval for a ttl: the configured one, or ttl / 3.
-    fn renew_interval(&self, ttl: Duration) -> Result<Duration, Error> {
+    pub(crate) fn renew_interval(&self, ttl: Duration) -> Result<Duration, Error> {
         let config = &self.inner.config;
         let checked = Ttl::new(ttl, config.drift_factor)?;
         let usable = checked.duration - checked.drift;
@@ -230,7 +230,7 @@ impl Redlock {
     }
 
     /// Wraps a granted lock in a guard and starts its watchdog.
-    fn guard(&self, lock: Lock, ttl: Duration, interval: Duration) -> LockGuard {
+    pub(crate) fn guard(&self, lock: Lock, ttl: Duration, interval: Duration) -> LockGuard {
         let (state_tx, state_rx) = watch::channel(State {
             lock,
             lost: None,

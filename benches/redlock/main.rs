@@ -35,7 +35,7 @@ use chart::chart;
 use report::Report;
 use scenarios::{
     Env, scenario_guards, scenario_handoff, scenario_healthy, scenario_latency,
-    scenario_throughput, scenario_two_down, scenario_validity,
+    scenario_throughput, scenario_two_down, scenario_two_resources, scenario_validity,
 };
 use subjects::Subjects;
 
@@ -140,6 +140,9 @@ async fn run(quick: bool) {
     times.push(t.elapsed());
     let t = Instant::now();
     scenario_guards(&env, &mut report).await;
+    times.push(t.elapsed());
+    let t = Instant::now();
+    scenario_two_resources(&env, &mut report).await;
     times.push(t.elapsed());
     println!(
         "\nscenario wall times (s): {}",

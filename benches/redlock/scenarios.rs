@@ -1,6 +1,7 @@
 //! The scenarios, numbered as in the report: 1 healthy, 2 per-node latency,
 //! 3 two nodes down, 4 validity, 5 throughput, 6 contention hand-off,
-//! 7 many guards under the watchdog.
+//! 7 many guards under the watchdog, 8 two resources as one set or as two
+//! single locks.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -449,5 +450,126 @@ pub(crate) async fn scenario_guards(env: &Env, report: &mut Report) {
     report.note("CPU is this process's user+system time (the client side; the Redis servers are separate processes); memory is the live heap (counted by the bench's allocator) that the guards hold, divided by the guards: the renewal task, its timer, the watch channel and the lock.");
     for g in held {
         let _ = g.release().await;
+    }
+}
+
+/// One cycle of scenario 8: both resources taken and released, either as
+/// one set or as two single locks in turn (acquired one after the other,
+/// released together). Returns the acquisition and the whole cycle.
+async fn two_resources(
+    redlock: &Redlock,
+    many: bool,
+    x: &str,
+    y: &str,
+) -> Option<(Duration, Duration)> {
+    let start = Instant::now();
+    if many {
+        let lock = redlock.try_lock_many(&[x, y], TTL).await.ok()?;
+        let acquired = start.elapsed();
+        redlock.unlock(&lock).await.ok()?;
+        Some((acquired, start.elapsed()))
+    } else {
+        let first = redlock.try_lock(x, TTL).await.ok()?;
+        let Ok(second) = redlock.try_lock(y, TTL).await else {
+            let _ = redlock.unlock(&first).await;
+            return None;
+        };
+        let acquired = start.elapsed();
+        let (a, b) = futures::join!(redlock.unlock(&first), redlock.unlock(&second));
+        a.ok()?;
+        b.ok()?;
+        Some((acquired, start.elapsed()))
+    }
+}
+
+pub(crate) async fn scenario_two_resources(env: &Env, report: &mut Report) {
+    const TASKS: usize = 64;
+    const WAYS: [(&str, bool); 2] = [("lock_many([x, y])", true), ("lock(x); lock(y)", false)];
+    let redlock = Redlock::new(env.urls.iter().map(String::as_str)).unwrap();
+    let n = env.rounds(2000, 300);
+    let mut samples: [(Samples, Samples); 2] = Default::default();
+    // Interleaved, so that drift in the machine's load hits both alike.
+    for i in 0..n {
+        for (k, (_, many)) in WAYS.into_iter().enumerate() {
+            let (x, y) = (format!("bench:two:{i}:x"), format!("bench:two:{i}:y"));
+            if let Some((acquired, cycle)) = two_resources(&redlock, many, &x, &y).await {
+                samples[k].0.push(acquired);
+                samples[k].1.push(cycle);
+            }
+        }
+    }
+    let slices = if env.quick { 3 } else { 15 };
+    let slice = Duration::from_millis(300);
+    let mut cycles = [0u64; 2];
+    let mut elapsed = [Duration::ZERO; 2];
+    for round in 0..slices {
+        for step in 0..2 {
+            let k = (round + step) % 2;
+            let many = WAYS[k].1;
+            let count = Arc::new(AtomicU64::new(0));
+            let stop = Arc::new(AtomicBool::new(false));
+            let start = Instant::now();
+            let tasks: Vec<_> = (0..TASKS)
+                .map(|t| {
+                    let (count, stop, redlock) = (count.clone(), stop.clone(), redlock.clone());
+                    tokio::spawn(async move {
+                        let mut i = 0u64;
+                        while !stop.load(Ordering::Relaxed) {
+                            let x = format!("bench:two-tp:{round}:{t}:{i}:x");
+                            let y = format!("bench:two-tp:{round}:{t}:{i}:y");
+                            i += 1;
+                            if two_resources(&redlock, many, &x, &y).await.is_some() {
+                                count.fetch_add(1, Ordering::Relaxed);
+                            }
+                        }
+                    })
+                })
+                .collect();
+            tokio::time::sleep(slice).await;
+            stop.store(true, Ordering::Relaxed);
+            for t in tasks {
+                let _ = t.await;
+            }
+            cycles[k] += count.load(Ordering::Relaxed);
+            elapsed[k] += start.elapsed();
+        }
+    }
+    let rates: Vec<f64> = (0..2)
+        .map(|k| cycles[k] as f64 / elapsed[k].as_secs_f64())
+        .collect();
+    report.section(
+        &format!(
+            "8. two resources: one set against two single locks taken one after the other (released together); {n} cycles each for latency (ms), {TASKS} tasks x {slices} x {} ms slices for throughput",
+            slice.as_millis()
+        ),
+        &[
+            "way",
+            "acquire p50",
+            "acquire p99",
+            "cycle p50",
+            "cycle p99",
+            "cycles/s",
+            "cycles/s / two singles",
+        ],
+    );
+    for (k, (name, _)) in WAYS.into_iter().enumerate() {
+        let (acquire, cycle) = &samples[k];
+        report.line(
+            &[
+                name.into(),
+                f(acquire.p50()),
+                f(acquire.p99()),
+                f(cycle.p50()),
+                f(cycle.p99()),
+                format!("{:.0}", rates[k]),
+                ratio(rates[k], rates[1]),
+            ],
+            json!({
+                "scenario": 8, "way": name,
+                "acquire_p50_ms": acquire.p50(), "acquire_p99_ms": acquire.p99(),
+                "cycle_p50_ms": cycle.p50(), "cycle_p99_ms": cycle.p99(),
+                "cycles_per_s": rates[k], "tasks": TASKS,
+            }),
+        );
     }
 }

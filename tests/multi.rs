@@ -1,0 +1,539 @@
+//! Locks on several resources at once, against real `redis-server` nodes:
+//! all or nothing per node, the quorum rule over the set, exclusion across
+//! overlapping sets and with single locks, partial conflicts, the limits,
+//! the renewing guard, fencing, and node-redlock 5 on the same nodes.
+
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rand::RngExt;
+use redlock_harness::checker::Checker;
+use redlock_harness::{Cluster, resource};
+use redlock_quorum::{Error, MAX_RESOURCES};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+
+const TTL: Duration = Duration::from_secs(10);
+
+fn names(topic: &str, n: usize) -> Vec<String> {
+    (0..n).map(|i| resource(&format!("{topic}-{i}"))).collect()
+}
+
+fn refs(names: &[String]) -> Vec<&str> {
+    names.iter().map(String::as_str).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_set_is_held_extended_checked_and_released_as_one() {
+    let cluster = Cluster::shared(5);
+    let redlock = cluster.redlock();
+    let set = names("set", 3);
+    let lock = redlock.try_lock_many(&refs(&set), TTL).await.expect("lock");
+    assert_eq!(lock.resources().collect::<Vec<_>>(), refs(&set));
+    assert_eq!(lock.keys().collect::<Vec<_>>(), refs(&set));
+    assert_eq!(lock.resource(), set[0]);
+    for name in &set {
+        assert!(
+            cluster.eventually(Duration::from_secs(2), |c| c.count(name, lock.token()) == 5),
+            "every node holds every key"
+        );
+    }
+    assert!(redlock.verify(&lock).await.expect("verify"));
+    let extended = redlock.extend(&lock, TTL * 2).await.expect("extend");
+    assert_eq!(extended.resources().count(), 3, "the set survives extend");
+    assert!(extended.validity() > TTL);
+    assert_eq!(redlock.unlock(&extended).await.expect("unlock"), 5);
+    for name in &set {
+        assert_eq!(cluster.values(name), vec![None; 5], "{name} released");
+    }
+    assert!(!redlock.verify(&lock).await.expect("verify"));
+    assert!(matches!(
+        redlock.unlock(&lock).await,
+        Err(Error::NotHeld { resource }) if resource == set.join(", ")
+    ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn extend_heals_a_set_and_fails_as_a_whole_when_one_key_is_taken() {
+    let cluster = Cluster::shared(5);
+    let redlock = cluster.redlock();
+    let (x, y) = (resource("heal-x"), resource("heal-y"));
+    let lock = redlock.try_lock_many(&[&x, &y], TTL).await.expect("lock");
+    assert!(cluster.eventually(Duration::from_secs(2), |c| c.count(&y, lock.token()) == 5));
+    // y lost on a minority (a node restarted empty, say): the renewal puts
+    // it back.
+    for i in [0, 1] {
+        let _: () = redis::cmd("DEL")
+            .arg(&y)
+            .query(&mut cluster.conn(i))
+            .unwrap();
+    }
+    let lock = redlock
+        .extend(&lock, TTL)
+        .await
+        .expect("extend on a quorum");
+    assert!(
+        cluster.eventually(Duration::from_secs(2), |c| c.count(&y, lock.token()) == 5),
+        "healed"
+    );
+    // y taken by another holder on a majority: the set is not ours any
+    // more, as a whole.
+    for i in [0, 1, 2] {
+        let _: () = redis::cmd("SET")
+            .arg(&y)
+            .arg("thief")
+            .query(&mut cluster.conn(i))
+            .unwrap();
+    }
+    assert!(!redlock.verify(&lock).await.expect("verify"));
+    let err = redlock.extend(&lock, TTL).await.expect_err("not held");
+    assert!(matches!(err, Error::NotHeld { .. }), "{err}");
+    // The failed extension touched nothing: x is still ours where it was.
+    assert_eq!(cluster.count(&x, lock.token()), 5);
+    // Unlock deletes what still holds the token, and only that.
+    assert_eq!(redlock.unlock(&lock).await.expect("unlock"), 5);
+    assert_eq!(cluster.values(&x), vec![None; 5]);
+    assert_eq!(cluster.count(&y, "thief"), 3);
+    assert_eq!(cluster.count(&y, lock.token()), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_set_acquisition_leaves_nothing_behind() {
+    let cluster = Cluster::shared(5);
+    let redlock = cluster.redlock();
+    redlock_harness::warm(&redlock).await;
+    let set = names("cancelled", 50);
+    let names = refs(&set);
+    for micros in [0, 100, 300, 1_000] {
+        let attempt = redlock.try_lock_many(&names, TTL);
+        if let Ok(Ok(lock)) = tokio::time::timeout(Duration::from_micros(micros), attempt).await {
+            redlock.unlock(&lock).await.unwrap();
+        }
+        assert!(
+            cluster.eventually(Duration::from_secs(3), |c| {
+                [&set[0], &set[49]]
+                    .iter()
+                    .all(|n| c.values(n) == vec![None; 5])
+            }),
+            "keys left behind after a cancel at {micros} us"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_requests_are_refused_before_anything_is_sent() {
+    let cluster = Cluster::shared(3);
+    let redlock = cluster.redlock();
+    let a = resource("bad");
+    assert!(matches!(
+        redlock.lock_many(&[], TTL).await,
+        Err(Error::NoResources)
+    ));
+    assert!(matches!(
+        redlock.lock_many(&[&a, "b", &a], TTL).await,
+        Err(Error::DuplicateResource { resource }) if resource == a
+    ));
+    assert!(matches!(
+        redlock.try_lock_many(&[&a, ""], TTL).await,
+        Err(Error::EmptyResource)
+    ));
+    let many: Vec<String> = (0..=MAX_RESOURCES).map(|i| format!("{a}-{i}")).collect();
+    assert!(matches!(
+        redlock.try_lock_many(&refs(&many), TTL).await,
+        Err(Error::TooManyResources { count, .. }) if count == MAX_RESOURCES + 1
+    ));
+    assert!(matches!(
+        redlock.acquire_many(&[], TTL).await,
+        Err(Error::NoResources)
+    ));
+    assert_eq!(cluster.values(&a), vec![None; 3], "nothing was sent");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_single_lock_and_a_set_that_contains_it_exclude_each_other() {
+    let cluster = Cluster::shared(5);
+    let (a, b) = (cluster.redlock(), cluster.redlock());
+    let (x, y) = (resource("single-x"), resource("single-y"));
+
+    let single = a.try_lock(&x, TTL).await.expect("single");
+    let err = b.try_lock_many(&[&y, &x], TTL).await.expect_err("refused");
+    assert!(matches!(err, Error::Conflict { held: 3.., .. }), "{err}");
+    assert_eq!(cluster.values(&y), vec![None; 5], "nothing left behind");
+    a.unlock(&single).await.unwrap();
+
+    let set = b.try_lock_many(&[&y, &x], TTL).await.expect("set");
+    for name in [&x, &y] {
+        let err = a.try_lock(name, TTL).await.expect_err("refused");
+        assert!(matches!(err, Error::Conflict { .. }), "{err}");
+    }
+    b.unlock(&set).await.unwrap();
+    let single = a.try_lock(&y, TTL).await.expect("free again");
+    a.unlock(&single).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn held_on_a_minority_the_set_is_granted_and_leaves_nothing_behind() {
+    let cluster = Cluster::shared(5);
+    let redlock = cluster.redlock();
+    let (x, y) = (resource("minority-x"), resource("minority-y"));
+    cluster.plant(&[0, 1], &y, "someone-else", TTL);
+
+    let lock = redlock
+        .try_lock_many(&[&x, &y], TTL)
+        .await
+        .expect("granted");
+    // Nodes 0 and 1 set nothing, not even x: all or nothing per node.
+    assert!(cluster.eventually(Duration::from_secs(2), |c| {
+        c.values(&x)
+            == [
+                None,
+                None,
+                Some(lock.token().into()),
+                Some(lock.token().into()),
+                Some(lock.token().into()),
+            ]
+    }));
+    assert_eq!(redlock.unlock(&lock).await.expect("unlock"), 3);
+    assert_eq!(cluster.values(&x), vec![None; 5], "nothing left behind");
+    let planted = Some("someone-else".to_owned());
+    assert_eq!(
+        cluster.values(&y),
+        vec![planted.clone(), planted, None, None, None],
+        "the other holder's keys untouched"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn held_on_a_majority_the_set_is_refused_and_leaves_nothing_behind() {
+    let cluster = Cluster::shared(5);
+    let redlock = cluster.redlock();
+    let (x, y, z) = (
+        resource("majority-x"),
+        resource("majority-y"),
+        resource("majority-z"),
+    );
+    cluster.plant(&[1, 2, 4], &z, "someone-else", TTL);
+
+    let err = redlock
+        .try_lock_many(&[&x, &y, &z], TTL)
+        .await
+        .expect_err("refused");
+    assert!(
+        matches!(&err, Error::Conflict { held: 3, required: 3, resource, .. }
+            if *resource == format!("{x}, {y}, {z}")),
+        "{err}"
+    );
+    // Nodes 0 and 3 set the whole set; the failed attempt released it.
+    for name in [&x, &y] {
+        assert_eq!(cluster.values(name), vec![None; 5], "{name} left behind");
+    }
+    assert_eq!(cluster.count(&z, "someone-else"), 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn overlapping_sets_exclude_each_other_without_deadlock() {
+    const TASKS: usize = 12;
+    const ROUNDS: usize = 25;
+    let cluster = Cluster::shared(5);
+    // Contention, not latency, is under test: see tests/acquire.rs.
+    let redlock = cluster
+        .builder()
+        .node_timeout(Duration::from_secs(2))
+        .build()
+        .unwrap();
+    let (x, y, z) = (
+        resource("overlap-x"),
+        resource("overlap-y"),
+        resource("overlap-z"),
+    );
+    let sets: Arc<[Vec<String>; 3]> = Arc::new([
+        vec![x.clone(), y.clone()],
+        vec![y.clone(), z.clone()],
+        vec![x.clone()],
+    ]);
+    let checkers: Arc<[(String, Checker); 3]> = Arc::new([
+        (x.clone(), Checker::default()),
+        (y.clone(), Checker::default()),
+        (z.clone(), Checker::default()),
+    ]);
+    let mut tasks = Vec::new();
+    for t in 0..TASKS {
+        let (redlock, sets, checkers) = (redlock.clone(), sets.clone(), checkers.clone());
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..ROUNDS {
+                let set = &sets[rand::rng().random_range(0..3)];
+                let lock = loop {
+                    match redlock.lock_many(&refs(set), Duration::from_secs(5)).await {
+                        Ok(lock) => break lock,
+                        Err(Error::Conflict { .. }) => continue,
+                        Err(e) => panic!("task {t}: {e}"),
+                    }
+                };
+                let granted = Instant::now();
+                tokio::task::yield_now().await;
+                let ended = Instant::now().min(lock.expires_at());
+                for (name, checker) in checkers.iter() {
+                    if set.contains(name) {
+                        checker.record(&format!("task-{t}"), lock.token(), granted, ended);
+                    }
+                }
+                redlock.unlock(&lock).await.expect("unlock");
+            }
+        }));
+    }
+    // A deadlock, or a set nobody can get, would hang here: fail instead.
+    let bound = Duration::from_secs(90);
+    let all = async {
+        for task in tasks {
+            task.await.expect("task panicked");
+        }
+    };
+    tokio::time::timeout(bound, all)
+        .await
+        .unwrap_or_else(|_| panic!("not done within {bound:?}: a deadlock or starvation"));
+    let mut windows = 0;
+    for (name, checker) in checkers.iter() {
+        let overlaps = checker.overlaps();
+        assert!(overlaps.is_empty(), "{name}: {:?}", &overlaps[..1]);
+        windows += checker.len();
+    }
+    assert!(windows >= TASKS * ROUNDS, "{windows} windows recorded");
+    for name in [&x, &y, &z] {
+        assert_eq!(cluster.values(name), vec![None; 5], "{name} leaked");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_largest_set_allowed_works() {
+    assert_eq!(MAX_RESOURCES, 1_000);
+    let cluster = Cluster::shared(3);
+    let redlock = cluster.redlock();
+    let set = names("thousand", MAX_RESOURCES);
+    let started = Instant::now();
+    let lock = redlock.try_lock_many(&refs(&set), TTL).await.expect("lock");
+    let took = started.elapsed();
+    assert!(redlock.verify(&lock).await.expect("verify"));
+    let fence = redlock.fencing_token(&lock).await.expect("fence");
+    assert!(fence >= 1);
+    let lock = redlock.extend(&lock, TTL).await.expect("extend");
+    assert_eq!(redlock.unlock(&lock).await.expect("unlock"), 3);
+    for name in [&set[0], &set[499], &set[999]] {
+        assert_eq!(cluster.values(name), vec![None; 3]);
+    }
+    eprintln!("{MAX_RESOURCES} resources locked in {took:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_guard_renews_every_resource() {
+    let cluster = Cluster::shared(3);
+    let redlock = cluster.redlock();
+    let set = names("guard", 2);
+    let ttl = Duration::from_millis(600);
+    let guard = redlock.acquire_many(&refs(&set), ttl).await.expect("guard");
+    tokio::time::sleep(ttl * 3).await;
+    assert!(guard.is_held(), "renewed past its first ttl");
+    let token = guard.lock().token().to_owned();
+    for name in &set {
+        assert_eq!(cluster.count(name, &token), 3, "{name} kept");
+    }
+    guard.release().await.expect("release");
+    for name in &set {
+        assert_eq!(cluster.values(name), vec![None; 3], "{name} released");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_set_fences_above_every_resource_and_every_later_holder_above_it() {
+    let cluster = Cluster::shared(3);
+    let redlock = cluster.redlock();
+    let (x, y) = (resource("fence-x"), resource("fence-y"));
+    let mut on_y = 0;
+    for _ in 0..3 {
+        let lock = redlock.try_lock(&y, TTL).await.unwrap();
+        on_y = redlock.fencing_token(&lock).await.unwrap();
+        redlock.unlock(&lock).await.unwrap();
+    }
+    assert_eq!(on_y, 3);
+    let set = redlock.try_lock_many(&[&x, &y], TTL).await.unwrap();
+    let fenced = redlock.fencing_token(&set).await.unwrap();
+    assert_eq!(fenced, 4, "above y's counter");
+    redlock.unlock(&set).await.unwrap();
+    let lock = redlock.try_lock(&x, TTL).await.unwrap();
+    assert_eq!(
+        redlock.fencing_token(&lock).await.unwrap(),
+        5,
+        "x was raised"
+    );
+    redlock.unlock(&lock).await.unwrap();
+}
+
+/// The node side of the interop test: node-redlock 5 with ioredis. Reads
+/// commands on stdin, one per line, and answers on stdout.
+const NODE_SCRIPT: &str = r#"
+const Redis = require("ioredis");
+const Redlock = require("redlock").default;
+const readline = require("readline");
+const urls = process.argv[2].split(",");
+const clients = urls.map((u) => new Redis(u, { lazyConnect: false }));
+const redlock = new Redlock(clients, { retryCount: 0, driftFactor: 0.01 });
+redlock.on("error", () => {});
+let lock = null;
+const rl = readline.createInterface({ input: process.stdin });
+rl.on("line", async (line) => {
+  const [cmd, names, ttl] = line.trim().split(" ");
+  try {
+    if (cmd === "acquire") {
+      lock = await redlock.acquire(names.split(","), Number(ttl));
+      console.log("held " + lock.value);
+    } else if (cmd === "release") {
+      await lock.release();
+      lock = null;
+      console.log("released");
+    } else if (cmd === "quit") {
+      clients.forEach((c) => c.disconnect());
+      process.exit(0);
+    }
+  } catch (e) {
+    console.log("refused " + String(e.message).replace(/\n/g, " "));
+  }
+});
+"#;
+
+/// Whether `program --version` runs.
+fn available(program: &str) -> bool {
+    std::process::Command::new(program)
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// A directory with node-redlock 5 and ioredis installed, reused across
+/// runs; `None` when node or npm is missing or the install fails.
+fn node_redlock() -> Option<std::path::PathBuf> {
+    if !available("node") || !available("npm") {
+        return None;
+    }
+    let dir = std::env::temp_dir().join("redlock-quorum-node-redlock-5");
+    if !dir.join("node_modules/redlock/package.json").exists()
+        || !dir.join("node_modules/ioredis/package.json").exists()
+    {
+        std::fs::create_dir_all(&dir).ok()?;
+        std::fs::write(dir.join("package.json"), r#"{"private":true}"#).ok()?;
+        // node-redlock 5 exists only as a pre-release, which `redlock@5`
+        // does not match.
+        let status = std::process::Command::new("npm")
+            .args([
+                "install",
+                "--no-audit",
+                "--no-fund",
+                "redlock@5.0.0-beta.2",
+                "ioredis",
+            ])
+            .current_dir(&dir)
+            .stdout(Stdio::null())
+            .status()
+            .ok()?;
+        if !status.success() {
+            return None;
+        }
+    }
+    std::fs::write(dir.join("interop.cjs"), NODE_SCRIPT).ok()?;
+    Some(dir)
+}
+
+struct NodeClient {
+    child: tokio::process::Child,
+    stdin: tokio::process::ChildStdin,
+    stdout: tokio::io::Lines<BufReader<tokio::process::ChildStdout>>,
+}
+
+impl NodeClient {
+    async fn ask(&mut self, line: &str) -> String {
+        self.stdin
+            .write_all(format!("{line}\n").as_bytes())
+            .await
+            .unwrap();
+        let answer = tokio::time::timeout(Duration::from_secs(20), self.stdout.next_line())
+            .await
+            .expect("node answers in time")
+            .unwrap();
+        answer.expect("node still runs")
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_redlock_and_this_crate_exclude_each_other_on_sets() {
+    let Some(dir) = node_redlock() else {
+        eprintln!("skipped: node and npm (with the npm registry) are needed");
+        return;
+    };
+    let cluster = Cluster::shared(5);
+    let redlock = cluster.redlock();
+    let mut child = tokio::process::Command::new("node")
+        .arg(dir.join("interop.cjs"))
+        .arg(cluster.urls().join(","))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("node starts");
+    let mut node = NodeClient {
+        stdin: child.stdin.take().unwrap(),
+        stdout: BufReader::new(child.stdout.take().unwrap()).lines(),
+        child,
+    };
+    let (a, b, c) = (
+        resource("interop-a"),
+        resource("interop-b"),
+        resource("interop-c"),
+    );
+    let ttl = 10_000;
+
+    // node-redlock holds {a, b}: our set on {b, c} and our single a are
+    // refused.
+    let answer = node.ask(&format!("acquire {a},{b} {ttl}")).await;
+    let value = answer.strip_prefix("held ").expect(&answer).to_owned();
+    // node-redlock answers at the quorum too; the other nodes follow.
+    assert!(
+        cluster.eventually(Duration::from_secs(2), |cl| cl.count(&a, &value) == 5
+            && cl.count(&b, &value) == 5),
+        "same key layout: the key is the resource name"
+    );
+    let err = redlock.try_lock_many(&[&b, &c], TTL).await.unwrap_err();
+    assert!(matches!(err, Error::Conflict { held: 3.., .. }), "{err}");
+    assert!(matches!(
+        redlock.try_lock(&a, TTL).await,
+        Err(Error::Conflict { .. })
+    ));
+    assert_eq!(cluster.values(&c), vec![None; 5], "nothing left behind");
+    assert_eq!(node.ask("release").await, "released");
+    let gone = |names: &[&String]| {
+        cluster.eventually(Duration::from_secs(2), |cl| {
+            names.iter().all(|n| cl.values(n) == vec![None; 5])
+        })
+    };
+    assert!(gone(&[&a, &b]), "node-redlock released everywhere");
+
+    // We hold {b, c}: node-redlock's set on {a, b} and on {c} are refused.
+    let lock = redlock.try_lock_many(&[&b, &c], TTL).await.expect("ours");
+    let answer = node.ask(&format!("acquire {a},{b} {ttl}")).await;
+    assert!(answer.starts_with("refused"), "{answer}");
+    let answer = node.ask(&format!("acquire {c} {ttl}")).await;
+    assert!(answer.starts_with("refused"), "{answer}");
+    assert_eq!(
+        cluster.values(&a),
+        vec![None; 5],
+        "node left nothing behind"
+    );
+    redlock.unlock(&lock).await.unwrap();
+
+    // Free again for both.
+    let answer = node.ask(&format!("acquire {a},{b},{c} {ttl}")).await;
+    assert!(answer.starts_with("held "), "{answer}");
+    assert_eq!(node.ask("release").await, "released");
+    let _ = node.stdin.write_all(b"quit\n").await;
+    let _ = tokio::time::timeout(Duration::from_secs(5), node.child.wait()).await;
+    assert!(gone(&[&a, &b, &c]), "nothing left behind");
+}
