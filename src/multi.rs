@@ -7,7 +7,7 @@
 //! `extend`, `unlock`, `verify`, `fencing_token` and the watchdog need no
 //! second type: each builds its request from the lock's keys, with the
 //! single-key script for one key and the `*_MANY` script of
-//! [`scripts`](crate::scripts) for several.
+//! [`crate::scripts`] for several.
 //!
 //! # The rule
 //! On each node one script sets every key or none (`ACQUIRE_MANY`), so a

@@ -275,6 +275,7 @@ impl Redlock {
         ttl: Duration,
         patience: Patience,
     ) -> Result<Lock, Error> {
+        #[cfg(feature = "tracing")]
         let resource = &*multi::label(resources);
         let span = trace::span!("lock", resource, ?ttl);
         self.lock_patiently_inner(resources, ttl, patience)
