@@ -31,8 +31,22 @@ fn must_fail(name: &str, cfg: Cfg, search: Search, property: &'static str) {
 }
 
 fn positive_quick() {
-    let run = check(Cfg::quick(), Search::Bfs, 2, None);
-    report("positive (quick)", &run);
+    // Safety at 3 ticks; the liveness oracle (costly on every state) at 1
+    // (`cargo run --release -- exhaustive` checks it at 4).
+    let safety = Cfg {
+        liveness: false,
+        ..Cfg::quick()
+    };
+    let live = Cfg {
+        max_time: 1,
+        ..Cfg::quick()
+    };
+    let run = check(live, Search::Bfs, 2, None);
+    report("positive (quick, liveness, 1 tick)", &run);
+    assert!(run.exhausted);
+    assert!(run.found("recovers").is_none(), "{}", run.found("recovers").unwrap());
+    let run = check(safety, Search::Bfs, 2, None);
+    report("positive (quick, safety, 3 ticks)", &run);
     assert!(run.exhausted, "the quick configuration is checked exhaustively");
     for p in SAFETY {
         assert!(run.found(p).is_none(), "{p} fails:\n{}", run.found(p).unwrap());
