@@ -91,6 +91,10 @@ pub struct Cfg {
     /// with its nodes in a canonical order (traces then show nodes
     /// renumbered along the way; keep it off for readable traces).
     pub symmetry: bool,
+    /// Scenario shaping for a negative model: a client starts an
+    /// acquisition only while no other client is acquiring or holding
+    /// (successive holders, as on issue 11's schedule).
+    pub sequential: bool,
 }
 
 impl Cfg {
@@ -116,6 +120,7 @@ impl Cfg {
             drops: 0,
             liveness: true,
             symmetry: true,
+            sequential: false,
         }
     }
 
@@ -158,6 +163,7 @@ impl Cfg {
             losses: 1,
             drops: 0,
             liveness: false,
+            symmetry: false,
             ..Cfg::quick()
         }
     }
@@ -177,6 +183,7 @@ impl Cfg {
             losses: 0,
             drops: 1,
             liveness: false,
+            symmetry: false,
             ..Cfg::quick()
         }
     }
@@ -200,6 +207,8 @@ impl Cfg {
             losses: 1,
             drops: 0,
             liveness: false,
+            symmetry: false,
+            sequential: true,
             ..Cfg::quick()
         }
     }
@@ -1247,7 +1256,9 @@ impl Model for LockModel {
             let c8 = c as u8;
             match &cl.phase {
                 Phase::Idle => {
-                    if cl.attempts < cfg.attempts {
+                    let others_busy = cfg.sequential
+                        && s.clients.iter().any(|o| o.phase != Phase::Idle);
+                    if cl.attempts < cfg.attempts && !others_busy {
                         out.push(Action::Acquire(c8));
                     }
                 }
