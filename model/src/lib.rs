@@ -1,0 +1,1409 @@
+//! A model of `redlock-quorum`'s protocol for the `stateright` model checker.
+//!
+//! One explicit state machine (not stateright's actor runtime): clients,
+//! nodes, and a network that is a *set* of messages, so that any message can
+//! be delivered in any order, at any later time, or lost. Time is discrete
+//! ticks of real time; the clients' clocks are real time, each node's clock
+//! may run fast by one tick in any window of `ttl` ticks (the drift the
+//! client's allowance must cover; a slow node only keeps keys longer).
+//!
+//! Each rule names the function in `src/` that implements it. The
+//! generation markers, the restart guard and the generation-checked fencing
+//! read are the design for issue 11, not yet implemented in `src/`: this
+//! model is their specification (see README.md).
+//!
+//! Properties (see [`LockModel::properties`]):
+//! - `mutual exclusion`: at no instant do two clients believe they hold the
+//!   lock (a client believes while its clock is before its `expires_at`
+//!   and it has not released);
+//! - `fencing tokens increase`: every fencing token issued is larger than
+//!   every token issued before it;
+//! - `tenure continuity`: a client never believes it holds while another
+//!   client believed during the same tenure (same lock token) of it;
+//! - `recovers` (liveness): from every reachable state, once faults stop,
+//!   a client acquires the free resource (and gets a fencing token, when
+//!   fencing is modeled) within a bounded fault-free schedule;
+//! - witnesses (`sometimes`): a lock is granted, a fencing token is issued.
+
+use std::fmt::Write as _;
+
+use stateright::{Checker, Model, Path, Property};
+
+/// Which fencing-token scheme the model runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Fencing {
+    /// No fencing actions.
+    Off,
+    /// Today's `Redlock::fencing_token` (src/fence.rs): read the counters
+    /// of a quorum where the lock is ours, take the largest plus one, raise
+    /// a quorum to it. Every answer counts toward the read quorum.
+    WriteBack,
+    /// The design for issue 11: as `WriteBack`, but the read is proven only
+    /// when the nodes whose counter may have been lost (absent, or written
+    /// in an earlier generation of the node) cannot hide a write quorum;
+    /// see [`LockModel::read_proven`]. Fails closed otherwise.
+    Generation,
+    /// Negative model: `INCR` the counter on every node where the lock is
+    /// ours and take the largest result of a quorum; no write-back.
+    IncrNoWriteBack,
+}
+
+/// The model's parameters.
+#[derive(Clone, Debug)]
+pub struct Cfg {
+    pub nodes: usize,
+    pub clients: usize,
+    /// The lock ttl in ticks (`PX`), on the node's clock.
+    pub ttl: u8,
+    /// The drift allowance in ticks: a client's lock ends at
+    /// `start + ttl - drift` (`timing::Ttl::expires_at`). Node clocks gain
+    /// at most this much over any `ttl` ticks (`fast_clocks`).
+    pub drift: u8,
+    /// The restart guard (design for issue 11): off, or `Some(max_ttl)` in
+    /// ticks of the node's clock.
+    pub guard: Option<u8>,
+    pub fencing: Fencing,
+    /// Node clocks may run fast (one extra tick per `ttl` ticks).
+    pub fast_clocks: bool,
+    /// The lock is dropped at `expires_at` even when an extend round is
+    /// still running (the watchdog, src/watchdog.rs `watchdog`). When
+    /// false, a direct `Redlock::extend` may finish after the lock it was
+    /// called with expired.
+    pub watchdog: bool,
+    /// Nodes start without a generation marker (a brand-new cluster);
+    /// otherwise every node starts with an old marker.
+    pub fresh_cluster: bool,
+    /// Time bound: no tick past this.
+    pub max_time: u8,
+    /// Acquisition rounds per client.
+    pub attempts: u8,
+    /// Extend rounds per client.
+    pub extends: u8,
+    /// Fencing requests per client (at most one per tenure).
+    pub fences: u8,
+    /// Nemesis budgets over the whole run.
+    pub crashes: u8,
+    pub losses: u8,
+    pub drops: u8,
+    /// Check the liveness oracle on every state (costly).
+    pub liveness: bool,
+    /// Symmetry reduction over nodes: every state is replaced by the one
+    /// with its nodes in a canonical order (traces then show nodes
+    /// renumbered along the way; keep it off for readable traces).
+    pub symmetry: bool,
+    /// Scenario shaping for a negative model: a client starts an
+    /// acquisition only while no other client is acquiring or holding
+    /// (successive holders, as on issue 11's schedule).
+    pub sequential: bool,
+}
+
+impl Cfg {
+    /// The positive model: guard on (max_ttl = ttl), generation fencing,
+    /// every nemesis; sizes for the quick CI run.
+    pub fn quick() -> Self {
+        Cfg {
+            nodes: 3,
+            clients: 2,
+            ttl: 3,
+            drift: 1,
+            guard: Some(3),
+            fencing: Fencing::Generation,
+            fast_clocks: true,
+            watchdog: true,
+            fresh_cluster: false,
+            max_time: 3,
+            attempts: 1,
+            extends: 0,
+            fences: 1,
+            crashes: 0,
+            losses: 1,
+            drops: 0,
+            liveness: true,
+            symmetry: true,
+            sequential: false,
+        }
+    }
+
+    /// The exhaustive run: `quick` with one more tick (every ordering of
+    /// both clients' acquire, fence and release around a data-losing
+    /// restart, with fast node clocks, checked with the liveness oracle).
+    pub fn exhaustive() -> Self {
+        Cfg {
+            max_time: 4,
+            ..Cfg::quick()
+        }
+    }
+
+    /// Every nemesis and an extend per client: too large to exhaust here;
+    /// searched by random walks (`Search::Random`).
+    pub fn all_faults(nodes: usize) -> Self {
+        Cfg {
+            nodes,
+            max_time: 5,
+            extends: 1,
+            crashes: 1,
+            losses: if nodes >= 5 { 2 } else { 1 },
+            drops: 1,
+            liveness: true,
+            symmetry: false,
+            ..Cfg::quick()
+        }
+    }
+
+    /// Negative model: no restart guard, data-losing restarts.
+    pub fn no_guard() -> Self {
+        Cfg {
+            guard: None,
+            fencing: Fencing::Off,
+            fast_clocks: false,
+            max_time: 2,
+            extends: 0,
+            fences: 0,
+            crashes: 0,
+            losses: 1,
+            drops: 0,
+            liveness: false,
+            symmetry: false,
+            ..Cfg::quick()
+        }
+    }
+
+    /// Negative model: fencing by the largest of a quorum of per-node
+    /// `INCR`s, without write-back. No node fault; one lost message.
+    pub fn incr_no_write_back() -> Self {
+        Cfg {
+            guard: None,
+            fencing: Fencing::IncrNoWriteBack,
+            fast_clocks: false,
+            max_time: 1,
+            attempts: 2,
+            extends: 0,
+            fences: 2,
+            crashes: 0,
+            losses: 0,
+            drops: 1,
+            liveness: false,
+            symmetry: false,
+            ..Cfg::quick()
+        }
+    }
+
+    /// Negative model: today's fencing (quorum read, write-back) without
+    /// the generation check, on the schedule of issue 11 (one node down
+    /// while A locks and fences, one restarted empty, one paused while B
+    /// locks and fences; "down" and "paused" are requests that are not
+    /// delivered). A releases before B locks, so the restart guard
+    /// plays no part in it; it is off here to keep the search small.
+    pub fn fencing_without_generations() -> Self {
+        Cfg {
+            guard: None,
+            fencing: Fencing::WriteBack,
+            fast_clocks: false,
+            max_time: 0,
+            attempts: 1,
+            extends: 0,
+            fences: 1,
+            crashes: 0,
+            losses: 1,
+            drops: 0,
+            liveness: false,
+            symmetry: false,
+            sequential: true,
+            ..Cfg::quick()
+        }
+    }
+
+    pub fn quorum(&self) -> usize {
+        self.nodes / 2 + 1
+    }
+
+    /// How many nodes may lose their data (a minority).
+    pub fn minority(&self) -> usize {
+        self.nodes - self.quorum()
+    }
+}
+
+/// A node's generation marker (design for issue 11): a key without expiry
+/// holding a generation id and the node's own `TIME` at its creation. A
+/// data-losing restart loses it; the first request after it creates a new
+/// one. `born` is `None` once the marker is older than `max_ttl` (it never
+/// becomes young again), which keeps the state space small.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Gen {
+    pub id: u8,
+    pub born: Option<u8>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Node {
+    pub up: bool,
+    /// The lock key: (token, the instant it expires on a node clock that
+    /// runs at the clients' rate; it may expire up to `drift` ticks
+    /// earlier, see `Action::Expire`).
+    pub key: Option<(u8, u8)>,
+    /// The fencing counter: (value, generation it was written in).
+    pub fence: Option<(u8, u8)>,
+    pub generation: Option<Gen>,
+    /// Generations created so far (the source of ids).
+    pub gens: u8,
+}
+
+/// A node's answer, as the tally reads it.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Kind {
+    /// SET took (or found our token); extend: still ours; fence write done.
+    Ok,
+    /// SET found another holder's token.
+    Held(u8),
+    /// The key is not ours (extend, fencing).
+    NotOurs,
+    /// Extend found the key missing and set it again.
+    Healed,
+    /// Fencing read (or INCR): the counter, and whether it belongs to the
+    /// node's current generation.
+    Counter(u8, bool),
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Reply {
+    pub kind: Kind,
+    /// The node's generation is younger than max_ttl (guard on only).
+    pub young: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Ans {
+    Pending,
+    /// Timed out, lost, or the node was down.
+    Unknown,
+    Got(Reply),
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Sub {
+    None,
+    Extending { start: u8, ans: Vec<Ans> },
+    FenceRead { ans: Vec<Ans> },
+    FenceWrite { v: u8, ans: Vec<Ans> },
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Phase {
+    Idle,
+    Acquiring { tok: u8, start: u8, ans: Vec<Ans> },
+    Holding { tok: u8, exp: u8, sub: Sub },
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Client {
+    pub phase: Phase,
+    /// The current round's id; replies of other rounds are ignored.
+    pub rid: u8,
+    pub attempts: u8,
+    pub extends: u8,
+    pub fences: u8,
+    /// This tenure has fenced already.
+    pub fenced: bool,
+    /// Another client believed it held the lock during this tenure.
+    pub overlap: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Body {
+    Set(u8),
+    Extend(u8),
+    Unlock(u8),
+    FenceRead(u8),
+    FenceWrite(u8, u8),
+    FenceIncr(u8),
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Msg {
+    pub client: u8,
+    pub node: u8,
+    pub rid: u8,
+    pub body: Body,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct State {
+    pub now: u8,
+    pub nodes: Vec<Node>,
+    pub clients: Vec<Client>,
+    /// Messages in flight, sorted.
+    pub net: Vec<Msg>,
+    pub next_tok: u8,
+    pub crashes: u8,
+    pub losses: u8,
+    pub drops: u8,
+    /// History: the largest fencing token issued so far.
+    pub fence_max: u8,
+    /// History: a token was issued that was not larger than an earlier one.
+    pub fence_repeat: Option<(u8, u8)>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Action {
+    /// Real time advances one tick; every clock with it.
+    Tick,
+    /// Node `n`'s clock runs fast: its key expires now, up to `drift`
+    /// ticks before `ttl` has passed at the clients' rate.
+    Expire(u8),
+    /// Node `n`'s clock runs fast: its generation marker is older than
+    /// max_ttl on its clock up to `drift` ticks early.
+    Age(u8),
+    Acquire(u8),
+    Extend(u8),
+    Fence(u8),
+    Release(u8),
+    /// Client `c`'s round stops waiting: pending answers are unknown.
+    Timeout(u8),
+    /// The node runs the request; its reply reaches the client.
+    Deliver(Msg),
+    /// The node runs the request; its reply is lost.
+    DeliverLoseReply(Msg),
+    /// The request is lost.
+    Drop(Msg),
+    /// Node crash, data kept (fsync always).
+    Crash(u8),
+    Restart(u8),
+    /// Data-losing restart: at once for an up node; for a down node, its
+    /// data is gone when it restarts (at any later time, e.g. after the
+    /// max ttl).
+    Lose(u8),
+}
+
+/// The model.
+#[derive(Clone, Debug)]
+pub struct LockModel {
+    pub cfg: Cfg,
+}
+
+impl LockModel {
+    pub fn new(cfg: Cfg) -> Self {
+        LockModel { cfg }
+    }
+
+    fn q(&self) -> usize {
+        self.cfg.quorum()
+    }
+
+    /// Whether client `c` believes it holds the lock: its own clock is
+    /// before the lock's `expires_at` (`Lock::is_valid`, src/lock.rs;
+    /// `timing::Ttl::expires_at`), and it has not released.
+    pub fn believes(&self, s: &State, c: usize) -> bool {
+        matches!(s.clients[c].phase, Phase::Holding { exp, .. } if s.now < exp)
+    }
+
+    /// Nodes answer with `young` only when the guard is on and their
+    /// marker is younger than max_ttl on their own clock (design for
+    /// issue 11, not yet implemented).
+    fn young(&self, n: &Node) -> bool {
+        self.cfg.guard.is_some()
+            && matches!(&n.generation, Some(Gen { born: Some(_), .. }))
+    }
+
+    /// A node runs one request (design for issue 11 wraps every command in
+    /// a script that first makes sure the generation marker exists: the
+    /// first request after a data-losing restart creates it, born "now").
+    fn serve(&self, s: &mut State, m: &Msg) -> Option<Reply> {
+        let ttl = self.cfg.ttl;
+        let now = s.now;
+        let n = &mut s.nodes[m.node as usize];
+        if n.generation.is_none() {
+            n.gens += 1;
+            n.generation = Some(Gen {
+                id: n.gens,
+                born: if self.cfg.guard.is_some() { Some(now) } else { None },
+            });
+            // A marker older than max_ttl at birth cannot happen; normalize
+            // keeps `born` until it is old.
+        }
+        let gen_id = n.generation.as_ref().map_or(0, |g| g.id);
+        let ours = |n: &Node, tok: u8| matches!(n.key, Some((t, _)) if t == tok);
+        let kind = match m.body {
+            // `SET key token NX PX ttl GET` (redlock.rs `round_once`,
+            // scripts.rs `read_set`): nil or our own token is agreement.
+            Body::Set(tok) => match n.key {
+                None => {
+                    n.key = Some((tok, now + ttl));
+                    Kind::Ok
+                }
+                Some((t, _)) if t == tok => Kind::Ok,
+                Some((t, _)) => Kind::Held(t),
+            },
+            // scripts.rs `EXTEND`: ours → pexpire, 1; missing → set again,
+            // 2; another holder → 0.
+            Body::Extend(tok) => match n.key {
+                Some((t, _)) if t == tok => {
+                    n.key = Some((tok, now + ttl));
+                    Kind::Ok
+                }
+                None => {
+                    n.key = Some((tok, now + ttl));
+                    Kind::Healed
+                }
+                Some(_) => Kind::NotOurs,
+            },
+            // scripts.rs `UNLOCK`: token-checked delete. No reply is
+            // modeled: the client stops believing when it sends it.
+            Body::Unlock(tok) => {
+                if ours(n, tok) {
+                    n.key = None;
+                }
+                return None;
+            }
+            // scripts.rs `FENCE_READ`, with the generation tag of the design
+            // for issue 11: the counter, and whether it was written in the
+            // node's current generation.
+            Body::FenceRead(tok) => {
+                if ours(n, tok) {
+                    match n.fence {
+                        Some((v, tag)) => Kind::Counter(v, tag == gen_id),
+                        None => Kind::Counter(0, false),
+                    }
+                } else {
+                    Kind::NotOurs
+                }
+            }
+            // scripts.rs `FENCE_WRITE`: raise only, tagged with the
+            // generation (design for issue 11).
+            Body::FenceWrite(tok, v) => {
+                if ours(n, tok) {
+                    let raised = match n.fence {
+                        Some((cur, tag)) if tag == gen_id => cur.max(v),
+                        _ => v,
+                    };
+                    n.fence = Some((raised, gen_id));
+                    Kind::Ok
+                } else {
+                    Kind::NotOurs
+                }
+            }
+            // Negative model only: INCR where the lock is ours.
+            Body::FenceIncr(tok) => {
+                if ours(n, tok) {
+                    let v = n.fence.map_or(0, |(v, _)| v) + 1;
+                    n.fence = Some((v, gen_id));
+                    Kind::Counter(v, true)
+                } else {
+                    Kind::NotOurs
+                }
+            }
+        };
+        let young = self.young(&s.nodes[m.node as usize]);
+        Some(Reply { kind, young })
+    }
+
+    /// Sends `body` to every up node (`round::round`, `round::round_on`);
+    /// a down node refuses the connection: its answer is unknown at once.
+    fn send(&self, s: &mut State, c: usize, only: Option<&[usize]>, body: Body) -> Vec<Ans> {
+        let rid = s.clients[c].rid;
+        let mut ans = vec![Ans::Unknown; self.cfg.nodes];
+        for i in 0..self.cfg.nodes {
+            if only.is_some_and(|o| !o.contains(&i)) || !s.nodes[i].up {
+                continue;
+            }
+            ans[i] = Ans::Pending;
+            s.net.push(Msg {
+                client: c as u8,
+                node: i as u8,
+                rid,
+                body: body.clone(),
+            });
+        }
+        ans
+    }
+
+    /// The ownership-checked release (`release::release_on`, scripts.rs
+    /// `UNLOCK`) on the nodes given, or every node. It reaches every node
+    /// that is up at once: the releasing client stops believing when it
+    /// sends it, so a release only removes an obstacle for others, and the
+    /// two extremes (at once, or never: a down node keeps the key until it
+    /// expires) bound what a delayed one does. A `SET` still in flight
+    /// lands after it (the leftover that the retry queue and `InFlight`
+    /// are there for).
+    fn release(&self, s: &mut State, _c: usize, tok: u8, only: Option<&[usize]>) {
+        for (i, n) in s.nodes.iter_mut().enumerate() {
+            if n.up
+                && only.is_none_or(|o| o.contains(&i))
+                && matches!(n.key, Some((t, _)) if t == tok)
+            {
+                n.key = None;
+            }
+        }
+    }
+
+    fn new_round(&self, s: &mut State, c: usize) {
+        s.clients[c].rid += 1;
+    }
+
+    /// Acquisition (`Redlock::round_once`): a fresh token, `SET NX PX` to
+    /// every node.
+    fn acquire(&self, s: &mut State, c: usize) {
+        s.next_tok += 1;
+        let tok = s.next_tok;
+        self.new_round(s, c);
+        s.clients[c].attempts += 1;
+        let ans = self.send(s, c, None, Body::Set(tok));
+        s.clients[c].phase = Phase::Acquiring {
+            tok,
+            start: s.now,
+            ans,
+        };
+        self.conclude(s, c);
+    }
+
+    /// Decides client `c`'s round if its answers allow (`Tally::decided`,
+    /// `Tally::outcome`, `Redlock::grant`).
+    fn conclude(&self, s: &mut State, c: usize) {
+        let q = self.q();
+        let now = s.now;
+        let cfg = &self.cfg;
+        let phase = s.clients[c].phase.clone();
+        match phase {
+            Phase::Idle => {}
+            Phase::Acquiring { tok, start, ans } => {
+                // A young node's agreement does not count (design for issue
+                // 11); it may still hold our key.
+                let granted = ans
+                    .iter()
+                    .filter(|a| matches!(a, Ans::Got(Reply { kind: Kind::Ok, young: false })))
+                    .count();
+                let pending = ans.iter().filter(|a| **a == Ans::Pending).count();
+                if granted >= q {
+                    // `Redlock::grant`: validity = ttl − elapsed − drift,
+                    // measured now; `expires_at` = start + ttl − drift.
+                    let exp = start + cfg.ttl - cfg.drift;
+                    if now < exp {
+                        let cl = &mut s.clients[c];
+                        cl.phase = Phase::Holding {
+                            tok,
+                            exp,
+                            sub: Sub::None,
+                        };
+                        cl.fenced = false;
+                        cl.overlap = false;
+                    } else {
+                        // `Failed::Late`: released everywhere.
+                        s.clients[c].phase = Phase::Idle;
+                        self.release(s, c, tok, None);
+                    }
+                } else if pending == 0 {
+                    // A failed round is released where our key may be: the
+                    // nodes that agreed and those that did not answer
+                    // (`Failed::nodes_that_may_hold_ours`).
+                    let maybe: Vec<usize> = (0..cfg.nodes)
+                        .filter(|&i| {
+                            matches!(ans[i], Ans::Unknown | Ans::Got(Reply { kind: Kind::Ok, .. }))
+                        })
+                        .collect();
+                    s.clients[c].phase = Phase::Idle;
+                    self.release(s, c, tok, Some(&maybe));
+                }
+            }
+            Phase::Holding { tok, exp, sub } => match sub {
+                Sub::None => {}
+                Sub::Extending { start, ans } => {
+                    // `Redlock::extend` with `Tally` (`Ask::Owned`): only
+                    // nodes that still held our token count; healed ones
+                    // count as "not ours" for this round.
+                    let granted = ans
+                        .iter()
+                        .filter(|a| matches!(a, Ans::Got(Reply { kind: Kind::Ok, young: false })))
+                        .count();
+                    let refused = ans
+                        .iter()
+                        .filter(|a| {
+                            matches!(a, Ans::Got(Reply { kind: Kind::NotOurs | Kind::Healed, .. }))
+                        })
+                        .count();
+                    let healed: Vec<usize> = (0..cfg.nodes)
+                        .filter(|&i| matches!(ans[i], Ans::Got(Reply { kind: Kind::Healed, .. })))
+                        .collect();
+                    let pending = ans.iter().filter(|a| **a == Ans::Pending).count();
+                    if granted >= q {
+                        let new_exp = start + cfg.ttl - cfg.drift;
+                        let exp = if now < new_exp { new_exp } else { exp };
+                        s.clients[c].phase = Phase::Holding {
+                            tok,
+                            exp,
+                            sub: Sub::None,
+                        };
+                        return;
+                    }
+                    // `Tally::decided` for an owned round.
+                    let decided = pending == 0
+                        || (granted + pending < q
+                            && healed.is_empty()
+                            && (refused >= q || refused + pending < q));
+                    if !decided {
+                        return;
+                    }
+                    if refused >= q {
+                        // NotHeld: the keys this extension set again are
+                        // released; the watchdog reports `TakenOver` and
+                        // the guard releases (`release_guarded`).
+                        if !healed.is_empty() {
+                            self.release(s, c, tok, Some(&healed));
+                        }
+                        s.clients[c].phase = Phase::Idle;
+                        self.release(s, c, tok, None);
+                    } else {
+                        // NoQuorum: the lock may still be ours; keep it.
+                        s.clients[c].phase = Phase::Holding {
+                            tok,
+                            exp,
+                            sub: Sub::None,
+                        };
+                    }
+                }
+                Sub::FenceRead { ans } => {
+                    let counters: Vec<(u8, bool)> = ans
+                        .iter()
+                        .filter_map(|a| match a {
+                            Ans::Got(Reply {
+                                kind: Kind::Counter(v, t),
+                                young: false,
+                            }) => Some((*v, *t)),
+                            _ => None,
+                        })
+                        .collect();
+                    let highest = ans
+                        .iter()
+                        .filter_map(|a| match a {
+                            Ans::Got(Reply {
+                                kind: Kind::Counter(v, _),
+                                ..
+                            }) => Some(*v),
+                            _ => None,
+                        })
+                        .max()
+                        .unwrap_or(0);
+                    let pending = ans.iter().filter(|a| **a == Ans::Pending).count();
+                    let proven = match cfg.fencing {
+                        Fencing::WriteBack => counters.len() >= q,
+                        Fencing::Generation => self.read_proven(&counters),
+                        Fencing::IncrNoWriteBack => counters.len() >= q,
+                        Fencing::Off => false,
+                    };
+                    let set = |s: &mut State, sub| {
+                        s.clients[c].phase = Phase::Holding { tok, exp, sub };
+                    };
+                    if proven {
+                        if cfg.fencing == Fencing::IncrNoWriteBack {
+                            // The token is the largest INCR result; no
+                            // write round.
+                            set(s, Sub::None);
+                            self.issue(s, c, highest);
+                        } else {
+                            // `fencing_token`: largest plus one, then raise
+                            // a quorum to it.
+                            let v = highest + 1;
+                            self.new_round(s, c);
+                            let ans = self.send(s, c, None, Body::FenceWrite(tok, v));
+                            set(s, Sub::FenceWrite { v, ans });
+                            self.conclude(s, c);
+                        }
+                    } else if pending == 0 {
+                        // Fails closed (or NotHeld / NoQuorum).
+                        set(s, Sub::None);
+                    }
+                }
+                Sub::FenceWrite { v, ans } => {
+                    let granted = ans
+                        .iter()
+                        .filter(|a| matches!(a, Ans::Got(Reply { kind: Kind::Ok, young: false })))
+                        .count();
+                    let pending = ans.iter().filter(|a| **a == Ans::Pending).count();
+                    if granted >= q {
+                        s.clients[c].phase = Phase::Holding {
+                            tok,
+                            exp,
+                            sub: Sub::None,
+                        };
+                        self.issue(s, c, v);
+                    } else if pending == 0 {
+                        s.clients[c].phase = Phase::Holding {
+                            tok,
+                            exp,
+                            sub: Sub::None,
+                        };
+                    }
+                }
+            },
+        }
+    }
+
+    /// The fencing read of the design for issue 11: `counters` are the
+    /// answers of nodes where the lock is ours and whose generation is old
+    /// enough, each `(value, written in the node's current generation)`.
+    /// A node whose counter is absent or from an earlier generation may
+    /// have lost the last token; a node that did not answer may hold it.
+    /// With at most a minority `f` of nodes losing data, the last write
+    /// quorum can hide only among `min(untrusted, f)` nodes plus the
+    /// silent ones: the read is proven when those are fewer than a quorum
+    /// (and a quorum answered). A brand-new cluster bootstraps when every
+    /// node answers. Otherwise `fencing_token` fails closed.
+    pub fn read_proven(&self, counters: &[(u8, bool)]) -> bool {
+        let q = self.q();
+        let untrusted = counters.iter().filter(|(_, t)| !t).count();
+        let silent = self.cfg.nodes - counters.len();
+        counters.len() >= q && untrusted.min(self.cfg.minority()) + silent < q
+    }
+
+    /// A fencing token is issued to client `c` if its lock is still valid
+    /// (`fencing_token` checks `lock.is_valid()` last).
+    fn issue(&self, s: &mut State, c: usize, v: u8) {
+        if !self.believes(s, c) {
+            return;
+        }
+        s.clients[c].fenced = true;
+        if v <= s.fence_max && s.fence_repeat.is_none() {
+            s.fence_repeat = Some((s.fence_max, v));
+        }
+        s.fence_max = s.fence_max.max(v);
+    }
+
+    fn tick(&self, s: &mut State) {
+        s.now += 1;
+        // At `expires_at` the lock is lost (the watchdog's alarm,
+        // `timing::alarm`); the guard then releases it.
+        for c in 0..self.cfg.clients {
+            if let Phase::Holding { tok, exp, sub } = &s.clients[c].phase
+                && s.now >= *exp
+                && (self.cfg.watchdog || *sub == Sub::None)
+            {
+                let tok = *tok;
+                s.clients[c].phase = Phase::Idle;
+                self.release(s, c, tok, None);
+            }
+        }
+    }
+
+    /// Applies an action; `None` when it is not enabled.
+    fn apply(&self, s: &mut State, a: &Action) {
+        match a {
+            Action::Tick => self.tick(s),
+            Action::Expire(n) => s.nodes[*n as usize].key = None,
+            Action::Age(n) => {
+                if let Some(g) = &mut s.nodes[*n as usize].generation {
+                    g.born = None;
+                }
+            }
+            Action::Acquire(c) => self.acquire(s, *c as usize),
+            Action::Extend(c) => {
+                // `Redlock::extend` from the watchdog.
+                let c = *c as usize;
+                let Phase::Holding { tok, exp, .. } = s.clients[c].phase else {
+                    unreachable!()
+                };
+                self.new_round(s, c);
+                s.clients[c].extends += 1;
+                let ans = self.send(s, c, None, Body::Extend(tok));
+                let start = s.now;
+                s.clients[c].phase = Phase::Holding {
+                    tok,
+                    exp,
+                    sub: Sub::Extending { start, ans },
+                };
+                self.conclude(s, c);
+            }
+            Action::Fence(c) => {
+                // `Redlock::fencing_token`.
+                let c = *c as usize;
+                let Phase::Holding { tok, exp, .. } = s.clients[c].phase else {
+                    unreachable!()
+                };
+                self.new_round(s, c);
+                s.clients[c].fences += 1;
+                let body = if self.cfg.fencing == Fencing::IncrNoWriteBack {
+                    Body::FenceIncr(tok)
+                } else {
+                    Body::FenceRead(tok)
+                };
+                let ans = self.send(s, c, None, body);
+                s.clients[c].phase = Phase::Holding {
+                    tok,
+                    exp,
+                    sub: Sub::FenceRead { ans },
+                };
+                self.conclude(s, c);
+            }
+            Action::Release(c) => {
+                // `Redlock::unlock`.
+                let c = *c as usize;
+                let Phase::Holding { tok, .. } = s.clients[c].phase else {
+                    unreachable!()
+                };
+                s.clients[c].phase = Phase::Idle;
+                self.release(s, c, tok, None);
+            }
+            Action::Timeout(c) => {
+                let c = *c as usize;
+                for a in answers_mut(&mut s.clients[c].phase).into_iter().flatten() {
+                    if *a == Ans::Pending {
+                        *a = Ans::Unknown;
+                    }
+                }
+                self.conclude(s, c);
+            }
+            Action::Deliver(m) | Action::DeliverLoseReply(m) => {
+                let i = s.net.iter().position(|x| x == m).unwrap();
+                s.net.remove(i);
+                let reply = self.serve(s, m);
+                if matches!(a, Action::DeliverLoseReply(_)) {
+                    s.drops += 1;
+                    return;
+                }
+                // The reply reaches the client at once: a later reply only
+                // shortens the client's belief (its validity counts from the
+                // round's start), so delaying replies adds no behaviour the
+                // safety properties care about; a lost reply is
+                // `DeliverLoseReply`, and the client's `Timeout`.
+                let c = m.client as usize;
+                if let Some(r) = reply
+                    && s.clients[c].rid == m.rid
+                    && let Some(a) = answers_mut(&mut s.clients[c].phase)
+                        .and_then(|ans| ans.get_mut(m.node as usize))
+                    && *a == Ans::Pending
+                {
+                    *a = Ans::Got(r);
+                    self.conclude(s, c);
+                }
+            }
+            Action::Drop(m) => {
+                let i = s.net.iter().position(|x| x == m).unwrap();
+                s.net.remove(i);
+                s.drops += 1;
+            }
+            Action::Crash(n) => {
+                s.crashes += 1;
+                s.nodes[*n as usize].up = false;
+                // Its connections break: requests not yet run are lost.
+                s.net.retain(|m| m.node != *n);
+            }
+            Action::Restart(n) => s.nodes[*n as usize].up = true,
+            Action::Lose(n) => {
+                s.losses += 1;
+                let node = &mut s.nodes[*n as usize];
+                node.key = None;
+                node.fence = None;
+                node.generation = None;
+                s.net.retain(|m| m.node != *n);
+            }
+        }
+    }
+
+    /// Keeps states canonical: expired keys and old markers are normalized,
+    /// replies no round waits for are gone (delivering them is a no-op).
+    fn normalize(&self, s: &mut State) {
+        for n in &mut s.nodes {
+            if matches!(n.key, Some((_, exp)) if s.now >= exp) {
+                n.key = None;
+            }
+            if let (Some(g), Some(max_ttl)) = (&mut n.generation, self.cfg.guard)
+                && let Some(b) = g.born
+                && s.now >= b + max_ttl
+            {
+                g.born = None;
+            }
+        }
+        // Requests that can no longer change anything are gone: a fencing
+        // read whose round is over, a release whose token is on no node
+        // and in no request that could set it.
+        let clients = &s.clients;
+        let nodes = &s.nodes;
+        let live: Vec<u8> = s
+            .net
+            .iter()
+            .filter_map(|m| match m.body {
+                Body::Set(t) | Body::Extend(t) => Some(t),
+                _ => None,
+            })
+            .chain(nodes.iter().filter_map(|n| n.key.map(|(t, _)| t)))
+            .collect();
+        s.net.retain(|m| match m.body {
+            Body::FenceRead(_) => {
+                let c = &clients[m.client as usize];
+                c.rid == m.rid && answers(&c.phase).is_some()
+            }
+            Body::Unlock(t) => live.contains(&t),
+            _ => true,
+        });
+        s.net.sort();
+        s.net.dedup();
+        if self.cfg.symmetry {
+            canonical(s);
+        }
+        // Tenure continuity history.
+        for c in 0..s.clients.len() {
+            if matches!(s.clients[c].phase, Phase::Holding { .. })
+                && (0..s.clients.len()).any(|d| d != c && self.believes(s, d))
+            {
+                s.clients[c].overlap = true;
+            }
+        }
+    }
+
+    fn step(&self, s: &State, a: &Action) -> State {
+        let mut s = s.clone();
+        self.apply(&mut s, a);
+        self.normalize(&mut s);
+        s
+    }
+
+    /// The liveness oracle: faults stop (every node restarts with its data,
+    /// nothing more is lost), every message is delivered, rounds that wait
+    /// for lost answers time out, holders release; after `ttl` + max_ttl
+    /// ticks a client acquires (and, with fencing, gets a token larger than
+    /// every earlier one). Budgets do not apply to it.
+    pub fn recovers(&self, s: &State) -> bool {
+        let mut s = s.clone();
+        for n in &mut s.nodes {
+            n.up = true;
+        }
+        self.settle(&mut s, true);
+        // One request to every node (an attempt, released at once) so that
+        // a node that lost its data has its new marker, then wait for keys
+        // to expire and markers to grow old.
+        s.clients[0].phase = Phase::Idle;
+        self.apply(&mut s, &Action::Acquire(0));
+        self.normalize(&mut s);
+        self.settle(&mut s, true);
+        let wait = self.cfg.ttl + self.cfg.guard.unwrap_or(0) + 1;
+        for _ in 0..wait {
+            self.apply(&mut s, &Action::Tick);
+            self.normalize(&mut s);
+            self.settle(&mut s, true);
+        }
+        let before = s.fence_max;
+        self.apply(&mut s, &Action::Acquire(0));
+        self.normalize(&mut s);
+        self.settle(&mut s, false);
+        if !self.believes(&s, 0) {
+            return false;
+        }
+        if self.cfg.fencing != Fencing::Off {
+            self.apply(&mut s, &Action::Fence(0));
+            self.normalize(&mut s);
+            self.settle(&mut s, false);
+            if s.fence_max <= before || s.fence_repeat.is_some() {
+                return false;
+            }
+        }
+        true
+    }
+
+    fn settle(&self, s: &mut State, release: bool) {
+        loop {
+            let a = if let Some(m) = s.net.first() {
+                Action::Deliver(m.clone())
+            } else if let Some(c) = (0..self.cfg.clients)
+                .find(|&c| answers(&s.clients[c].phase).is_some_and(|a| a.contains(&Ans::Pending)))
+            {
+                Action::Timeout(c as u8)
+            } else if let Some(c) = (0..self.cfg.clients)
+                .find(|&c| release && matches!(s.clients[c].phase, Phase::Holding { .. }))
+            {
+                Action::Release(c as u8)
+            } else {
+                return;
+            };
+            self.apply(s, &a);
+            self.normalize(s);
+        }
+    }
+
+    /// A short account of a state for traces.
+    pub fn summary(&self, s: &State) -> String {
+        let mut out = format!("t={}", s.now);
+        for (i, n) in s.nodes.iter().enumerate() {
+            let _ = write!(out, " n{i}[");
+            if !n.up {
+                out.push_str("down ");
+            }
+            if let Some((t, e)) = n.key {
+                let _ = write!(out, " key=tok{t}@{e}");
+            }
+            if let Some((v, g)) = n.fence {
+                let _ = write!(out, " fence={v}/g{g}");
+            }
+            match &n.generation {
+                Some(Gen { id, born: Some(b) }) => {
+                    let _ = write!(out, " g{id}(born {b})");
+                }
+                Some(Gen { id, born: None }) => {
+                    let _ = write!(out, " g{id}");
+                }
+                None => out.push_str(" no-marker"),
+            }
+            out.push(']');
+        }
+        for (c, cl) in s.clients.iter().enumerate() {
+            match &cl.phase {
+                Phase::Idle => {}
+                Phase::Acquiring { tok, .. } => {
+                    let _ = write!(out, " c{c}:acquiring(tok{tok})");
+                }
+                Phase::Holding { tok, exp, sub } => {
+                    let held = if self.believes(s, c) { "HOLDS" } else { "lapsed" };
+                    let _ = write!(out, " c{c}:{held}(tok{tok},until {exp})");
+                    match sub {
+                        Sub::None => {}
+                        Sub::Extending { .. } => out.push_str("+extending"),
+                        Sub::FenceRead { .. } => out.push_str("+fence-read"),
+                        Sub::FenceWrite { v, .. } => {
+                            let _ = write!(out, "+fence-write({v})");
+                        }
+                    }
+                }
+            }
+        }
+        if s.fence_max > 0 {
+            let _ = write!(out, " fence_max={}", s.fence_max);
+        }
+        if let Some((m, v)) = s.fence_repeat {
+            let _ = write!(out, " REPEAT({v} after {m})");
+        }
+        out
+    }
+
+    /// A counterexample path as text: the initial state, then each action
+    /// and the state after it.
+    pub fn trace(&self, path: &Path<State, Action>) -> String {
+        let steps = path.clone().into_vec();
+        let mut out = String::new();
+        if let Some((s, _)) = steps.first() {
+            let _ = writeln!(out, "  init: {}", self.summary(s));
+        }
+        for w in steps.windows(2) {
+            if let Some(a) = &w[0].1 {
+                let mut line = fmt_action(a);
+                if let Action::Deliver(m) | Action::DeliverLoseReply(m) = a {
+                    let mut before = w[0].0.clone();
+                    if let Some(r) = self.serve(&mut before, m) {
+                        let _ = write!(
+                            line,
+                            " → {:?}{}",
+                            r.kind,
+                            if r.young { " (young node)" } else { "" }
+                        );
+                    }
+                }
+                let _ = writeln!(out, "  {line}");
+                let _ = writeln!(out, "      {}", self.summary(&w[1].0));
+            }
+        }
+        out
+    }
+}
+
+/// One action, readably.
+fn fmt_action(a: &Action) -> String {
+    match a {
+        Action::Deliver(m) | Action::Drop(m) | Action::DeliverLoseReply(m) => {
+            let verb = match a {
+                Action::Deliver(_) => "deliver",
+                Action::Drop(_) => "LOSE request",
+                _ => "deliver, LOSE reply of",
+            };
+            format!("{verb} c{}→n{} {:?}", m.client, m.node, m.body)
+        }
+        other => format!("{other:?}"),
+    }
+}
+
+/// Puts the nodes of `s` in a canonical order (symmetry reduction): by
+/// their state, the requests in flight to them, and each client's answer
+/// from them; node indices in messages and answers follow.
+fn canonical(s: &mut State) {
+    let n = s.nodes.len();
+    let sig = |i: usize| {
+        let mut msgs: Vec<(u8, u8, Body)> = s
+            .net
+            .iter()
+            .filter(|m| m.node as usize == i)
+            .map(|m| (m.client, m.rid, m.body.clone()))
+            .collect();
+        msgs.sort();
+        let ans: Vec<Option<Ans>> = s
+            .clients
+            .iter()
+            .map(|c| answers(&c.phase).map(|a| a[i].clone()))
+            .collect();
+        (format!("{:?}", s.nodes[i]), msgs, format!("{ans:?}"))
+    };
+    let mut order: Vec<usize> = (0..n).collect();
+    let sigs: Vec<_> = (0..n).map(sig).collect();
+    order.sort_by(|&a, &b| sigs[a].cmp(&sigs[b]));
+    if order.iter().enumerate().all(|(k, &i)| k == i) {
+        return;
+    }
+    // order[k] = old index of the node that goes to position k.
+    let mut new_of_old = vec![0u8; n];
+    for (k, &i) in order.iter().enumerate() {
+        new_of_old[i] = k as u8;
+    }
+    s.nodes = order.iter().map(|&i| s.nodes[i].clone()).collect();
+    for m in &mut s.net {
+        m.node = new_of_old[m.node as usize];
+    }
+    s.net.sort();
+    for c in &mut s.clients {
+        if let Some(a) = answers_mut(&mut c.phase) {
+            *a = order.iter().map(|&i| a[i].clone()).collect();
+        }
+    }
+}
+
+fn answers(p: &Phase) -> Option<&Vec<Ans>> {
+    match p {
+        Phase::Acquiring { ans, .. } => Some(ans),
+        Phase::Holding { sub, .. } => match sub {
+            Sub::None => None,
+            Sub::Extending { ans, .. } | Sub::FenceRead { ans } | Sub::FenceWrite { ans, .. } => {
+                Some(ans)
+            }
+        },
+        Phase::Idle => None,
+    }
+}
+
+fn answers_mut(p: &mut Phase) -> Option<&mut Vec<Ans>> {
+    match p {
+        Phase::Acquiring { ans, .. } => Some(ans),
+        Phase::Holding { sub, .. } => match sub {
+            Sub::None => None,
+            Sub::Extending { ans, .. } | Sub::FenceRead { ans } | Sub::FenceWrite { ans, .. } => {
+                Some(ans)
+            }
+        },
+        Phase::Idle => None,
+    }
+}
+
+impl Model for LockModel {
+    type State = State;
+    type Action = Action;
+
+    fn init_states(&self) -> Vec<State> {
+        let cfg = &self.cfg;
+        let node = Node {
+            up: true,
+            key: None,
+            fence: None,
+            generation: if cfg.fresh_cluster {
+                None
+            } else {
+                Some(Gen { id: 1, born: None })
+            },
+            gens: if cfg.fresh_cluster { 0 } else { 1 },
+        };
+        let client = Client {
+            phase: Phase::Idle,
+            rid: 0,
+            attempts: 0,
+            extends: 0,
+            fences: 0,
+            fenced: false,
+            overlap: false,
+        };
+        vec![State {
+            now: 0,
+            nodes: vec![node; cfg.nodes],
+            clients: vec![client; cfg.clients],
+            net: Vec::new(),
+            next_tok: 0,
+            crashes: 0,
+            losses: 0,
+            drops: 0,
+            fence_max: 0,
+            fence_repeat: None,
+        }]
+    }
+
+    fn actions(&self, s: &State, out: &mut Vec<Action>) {
+        let cfg = &self.cfg;
+        if s.now < cfg.max_time {
+            out.push(Action::Tick);
+        }
+        for (i, n) in s.nodes.iter().enumerate() {
+            let i = i as u8;
+            if cfg.fast_clocks {
+                if matches!(n.key, Some((_, exp)) if s.now + cfg.drift >= exp) {
+                    out.push(Action::Expire(i));
+                }
+                if let (Some(Gen { born: Some(b), .. }), Some(max_ttl)) = (&n.generation, cfg.guard)
+                    && s.now + cfg.drift >= b + max_ttl
+                {
+                    out.push(Action::Age(i));
+                }
+            }
+            if n.up && s.crashes < cfg.crashes {
+                out.push(Action::Crash(i));
+            }
+            if !n.up {
+                out.push(Action::Restart(i));
+            }
+            if s.losses < cfg.losses && (n.key.is_some() || n.fence.is_some() || n.generation.is_some())
+            {
+                out.push(Action::Lose(i));
+            }
+        }
+        for (c, cl) in s.clients.iter().enumerate() {
+            let c8 = c as u8;
+            match &cl.phase {
+                Phase::Idle => {
+                    let others_busy = cfg.sequential
+                        && s.clients.iter().any(|o| o.phase != Phase::Idle);
+                    if cl.attempts < cfg.attempts && !others_busy {
+                        out.push(Action::Acquire(c8));
+                    }
+                }
+                Phase::Acquiring { ans, .. } => {
+                    if ans.contains(&Ans::Pending) {
+                        out.push(Action::Timeout(c8));
+                    }
+                }
+                Phase::Holding { sub, .. } => match sub {
+                    Sub::None => {
+                        out.push(Action::Release(c8));
+                        if self.believes(s, c) {
+                            if cl.extends < cfg.extends {
+                                out.push(Action::Extend(c8));
+                            }
+                            if cfg.fencing != Fencing::Off && !cl.fenced && cl.fences < cfg.fences {
+                                out.push(Action::Fence(c8));
+                            }
+                        }
+                    }
+                    _ => {
+                        if answers(&cl.phase).is_some_and(|a| a.contains(&Ans::Pending)) {
+                            out.push(Action::Timeout(c8));
+                        }
+                    }
+                },
+            }
+        }
+        for m in &s.net {
+            out.push(Action::Deliver(m.clone()));
+            if s.drops < cfg.drops {
+                out.push(Action::Drop(m.clone()));
+                if !matches!(m.body, Body::Unlock(_)) {
+                    out.push(Action::DeliverLoseReply(m.clone()));
+                }
+            }
+        }
+    }
+
+    fn next_state(&self, s: &State, a: Action) -> Option<State> {
+        Some(self.step(s, &a))
+    }
+
+    fn properties(&self) -> Vec<Property<Self>> {
+        let mut p = vec![
+            Property::always("mutual exclusion", |m: &LockModel, s: &State| {
+                (0..m.cfg.clients).filter(|&c| m.believes(s, c)).count() <= 1
+            }),
+            Property::always("tenure continuity", |m: &LockModel, s: &State| {
+                (0..m.cfg.clients).all(|c| !(s.clients[c].overlap && m.believes(s, c)))
+            }),
+            Property::sometimes("a lock is granted", |m: &LockModel, s: &State| {
+                (0..m.cfg.clients).any(|c| m.believes(s, c))
+            }),
+        ];
+        if self.cfg.fencing != Fencing::Off {
+            p.push(Property::always(
+                "fencing tokens increase",
+                |_: &LockModel, s: &State| s.fence_repeat.is_none(),
+            ));
+            p.push(Property::sometimes(
+                "a fencing token is issued",
+                |_: &LockModel, s: &State| s.fence_max > 0,
+            ));
+        }
+        if self.cfg.liveness {
+            p.push(Property::always("recovers", |m: &LockModel, s: &State| {
+                m.recovers(s)
+            }));
+        }
+        p
+    }
+}
+
+/// The outcome of one run of the checker.
+pub struct Run {
+    pub unique_states: usize,
+    pub max_depth: usize,
+    pub seconds: f64,
+    pub exhausted: bool,
+    /// Property name → counterexample (for `always`) or witness (for
+    /// `sometimes`) as text.
+    pub discoveries: Vec<(&'static str, String)>,
+}
+
+impl Run {
+    pub fn found(&self, name: &str) -> Option<&str> {
+        self.discoveries
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, t)| t.as_str())
+    }
+}
+
+/// How to search.
+#[derive(Clone, Copy, Debug)]
+pub enum Search {
+    /// Breadth first over every reachable state (shortest traces).
+    Bfs,
+    /// Depth first, stopping at a depth.
+    Dfs { max_depth: usize },
+    /// Random walks from a seed, bounded by a time.
+    Random { seed: u64, seconds: u64 },
+}
+
+/// Runs the checker on `cfg` and reports every discovery.
+///
+/// With `stop_at`, the search ends as soon as that property has a
+/// discovery (for the negative models); otherwise it ends when every
+/// property has one or the space is exhausted.
+pub fn check(cfg: Cfg, search: Search, threads: usize, stop_at: Option<&'static str>) -> Run {
+    let model = LockModel::new(cfg);
+    let t = std::time::Instant::now();
+    let mut builder = model.clone().checker().threads(threads);
+    if let Some(name) = stop_at {
+        builder = builder.finish_when(stateright::HasDiscoveries::AnyOf([name].into()));
+    }
+    let (unique_states, max_depth, disc, exhausted) = match search {
+        Search::Bfs => {
+            let c = builder.spawn_bfs().join();
+            let done = c.is_done();
+            (c.unique_state_count(), c.max_depth(), c.discoveries(), done)
+        }
+        Search::Dfs { max_depth } => {
+            let c = builder.target_max_depth(max_depth).spawn_dfs().join();
+            (c.unique_state_count(), c.max_depth(), c.discoveries(), false)
+        }
+        Search::Random { seed, seconds } => {
+            let c = builder
+                .timeout(std::time::Duration::from_secs(seconds))
+                .spawn_simulation(seed, stateright::UniformChooser)
+                .join();
+            (c.unique_state_count(), c.max_depth(), c.discoveries(), false)
+        }
+    };
+    let mut discoveries: Vec<_> = disc
+        .into_iter()
+        .map(|(name, path)| (name, model.trace(&path)))
+        .collect();
+    discoveries.sort_by_key(|(n, _)| *n);
+    Run {
+        unique_states,
+        max_depth,
+        seconds: t.elapsed().as_secs_f64(),
+        exhausted,
+        discoveries,
+    }
+}

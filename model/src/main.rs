@@ -1,0 +1,35 @@
+//! `cargo run --release -- <mode>`; see README.md.
+//!
+//! Modes: `quick`, `exhaustive` (3 nodes, 2 clients, every state),
+//! `random3` / `random5` (every nemesis, random walks for SECONDS, default
+//! 120), and the negative models `no-guard`, `incr`, `no-generation`.
+use redlock_model::{check, Cfg, Fencing, Search};
+
+fn main() {
+    let mode = std::env::args().nth(1).unwrap_or_else(|| "quick".into());
+    let seconds = std::env::var("SECONDS").ok().and_then(|s| s.parse().ok()).unwrap_or(120);
+    let random = Search::Random { seed: 1, seconds };
+    let (cfg, search, stop) = match mode.as_str() {
+        "exhaustive" => (Cfg::exhaustive(), Search::Bfs, None),
+        "random3" => (Cfg::all_faults(3), random, None),
+        "random5" => (Cfg::all_faults(5), random, None),
+        "no-guard" => (Cfg::no_guard(), Search::Bfs, Some("mutual exclusion")),
+        "incr" => (Cfg::incr_no_write_back(), Search::Dfs { max_depth: 40 }, Some("fencing tokens increase")),
+        "no-generation" => (Cfg::fencing_without_generations(), Search::Bfs, Some("fencing tokens increase")),
+        "no-generation-fixed" => (
+            Cfg { fencing: Fencing::Generation, ..Cfg::fencing_without_generations() },
+            Search::Bfs,
+            None,
+        ),
+        _ => (Cfg::quick(), Search::Bfs, None),
+    };
+    println!("{mode}: {cfg:?}");
+    let r = check(cfg, search, 2, stop);
+    println!(
+        "unique states {}, max depth {}, {:.1} s, exhausted: {}",
+        r.unique_states, r.max_depth, r.seconds, r.exhausted
+    );
+    for (name, trace) in &r.discoveries {
+        println!("== {name}\n{trace}");
+    }
+}
