@@ -278,26 +278,18 @@ impl Redlock {
         #[cfg(feature = "tracing")]
         let resource = &*multi::label(resources);
         let span = trace::span!("lock", resource, ?ttl);
-        self.lock_patiently_inner(resources, ttl, patience)
-            .in_span(span)
-            .await
-    }
-
-    async fn lock_patiently_inner(
-        &self,
-        resources: &[&str],
-        ttl: Duration,
-        patience: Patience,
-    ) -> Result<Lock, Error> {
-        let started = Instant::now();
-        let result = self.lock_retrying(resources, ttl, patience).await;
-        self.inner.stats.ended(match &result {
-            Ok(_) => Ended::Granted(started.elapsed()),
-            Err(Error::Conflict { .. }) => Ended::Conflict,
-            Err(Error::NoQuorum { .. }) => Ended::NoQuorum,
-            Err(_) => Ended::Error,
-        });
-        result
+        let counted = async {
+            let started = Instant::now();
+            let result = self.lock_retrying(resources, ttl, patience).await;
+            self.inner.stats.ended(match &result {
+                Ok(_) => Ended::Granted(started.elapsed()),
+                Err(Error::Conflict { .. }) => Ended::Conflict,
+                Err(Error::NoQuorum { .. }) => Ended::NoQuorum,
+                Err(_) => Ended::Error,
+            });
+            result
+        };
+        counted.in_span(span).await
     }
 
     async fn lock_retrying(
