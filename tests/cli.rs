@@ -94,6 +94,25 @@ fn lines(path: &Path) -> Vec<String> {
         .unwrap_or_default()
 }
 
+/// Waits for the first complete line of a file a shell writes with
+/// `echo ... > file`: the file exists, empty, before the line is in it.
+fn wait_for_line(path: &Path, within: Duration) -> String {
+    let deadline = Instant::now() + within;
+    loop {
+        if let Ok(text) = std::fs::read_to_string(path) {
+            if let Some((line, _)) = text.split_once('\n') {
+                return line.to_owned();
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{} never had a complete line",
+            path.display()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 fn wait_for_file(path: &Path, within: Duration) {
     let deadline = Instant::now() + within;
     while !path.exists() {
@@ -331,10 +350,8 @@ fn a_lost_lock_terminates_the_whole_process_group() {
     .stderr(Stdio::piped())
     .spawn()
     .expect("spawn");
-    wait_for_file(&dir.join("gpid"), Duration::from_secs(10));
-    wait_for_file(&dir.join("cpid"), Duration::from_secs(10));
-    let cpid = lines(&dir.join("cpid")).remove(0);
-    let gpid = lines(&dir.join("gpid")).remove(0);
+    let gpid = wait_for_line(&dir.join("gpid"), Duration::from_secs(10));
+    let cpid = wait_for_line(&dir.join("cpid"), Duration::from_secs(10));
     assert!(!process_gone(&cpid) && !process_gone(&gpid));
 
     for i in 0..3 {
