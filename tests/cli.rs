@@ -99,10 +99,9 @@ fn lines(path: &Path) -> Vec<String> {
 fn wait_for_line(path: &Path, within: Duration) -> String {
     let deadline = Instant::now() + within;
     loop {
-        if let Ok(text) = std::fs::read_to_string(path) {
-            if let Some((line, _)) = text.split_once('\n') {
-                return line.to_owned();
-            }
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        if let Some((line, _)) = text.split_once('\n') {
+            return line.to_owned();
         }
         assert!(
             Instant::now() < deadline,
