@@ -10,6 +10,8 @@ use crate::address::NodeAddress;
 use crate::address::sealed::Sealed;
 
 use crate::error::Error;
+use crate::generation::{self, Generation};
+use crate::lock::new_token;
 use crate::node::{Identities, Node, label};
 use crate::redlock::{Inner, Redlock};
 use crate::release::Retries;
@@ -42,6 +44,7 @@ pub(crate) struct Config {
     pub(crate) renew_interval: Option<Duration>,
     pub(crate) max_hold: Option<Duration>,
     pub(crate) renew_concurrency: usize,
+    pub(crate) restart_guard: Option<Duration>,
     #[cfg(feature = "tls")]
     pub(crate) tls: Option<crate::tls::TlsConfig>,
 }
@@ -99,6 +102,7 @@ impl RedlockBuilder {
                 renew_interval: None,
                 max_hold: None,
                 renew_concurrency: DEFAULT_RENEW_CONCURRENCY,
+                restart_guard: None,
                 #[cfg(feature = "tls")]
                 tls: None,
             },
@@ -194,6 +198,41 @@ impl RedlockBuilder {
         self
     }
 
+    /// Turns on the restart guard: a node whose data is younger than
+    /// `max_ttl`, measured on the node's own clock, does not count towards
+    /// any quorum (acquire, extend, fencing). A node that restarted without
+    /// its data (no persistence, or a lost disk) therefore cannot help a
+    /// second client to a quorum while an earlier lock it forgot may still
+    /// be valid. This is the client-side equivalent of delaying every
+    /// restart past the largest ttl, with no operator involved.
+    ///
+    /// `max_ttl` must be at least the largest ttl that any client uses on
+    /// these nodes; this manager refuses a lock with a longer ttl
+    /// ([`Error::TtlAboveRestartGuard`]). Every client of the nodes should
+    /// set the guard with the same `max_ttl`.
+    ///
+    /// How a node's age is known: each node keeps a *generation marker*, a
+    /// key without expiry (the key prefix, the byte `0xFF`, `generation`)
+    /// holding the node's `TIME` when it was made and a random id. A node
+    /// that lost its data lost the marker too, and the next request makes a
+    /// new one, born then.
+    ///
+    /// The cost: acquisition and extension run a Lua script that reads the
+    /// marker and the node's `TIME` instead of a plain `SET` (one round
+    /// trip still; see the README's benchmark figures), and a brand-new
+    /// cluster (no marker yet) grants no lock until `max_ttl` after the first
+    /// request of any guarded client. Off by default, so that a fleet mixing
+    /// this crate with other Redlock clients keeps its plain `SET`s. The
+    /// assumptions are the model checker's (README, "What the model checker
+    /// shows"): a node keeps all its data or loses all of it, fewer than
+    /// half the nodes lose their data at once, and no key is evicted.
+    ///
+    /// Must be longer than zero and at most [`MAX_TTL`](crate::MAX_TTL).
+    pub fn restart_guard(mut self, max_ttl: Duration) -> Self {
+        self.config.restart_guard = Some(max_ttl);
+        self
+    }
+
     /// The certificates for `rediss://` nodes: a custom CA, a client
     /// identity for mutual TLS (feature `tls`). Defaults to the system's
     /// roots and no client certificate.
@@ -252,6 +291,20 @@ impl RedlockBuilder {
                 reason: "must be longer than zero",
             });
         }
+        if config
+            .restart_guard
+            .is_some_and(|g| g.is_zero() || g > crate::timing::MAX_TTL)
+        {
+            return Err(Error::InvalidSetting {
+                setting: "restart_guard",
+                reason: "must be longer than zero and at most MAX_TTL",
+            });
+        }
+        let generation = Generation {
+            marker: generation::marker_key(&config.key_prefix),
+            candidate: new_token()?,
+            guard: config.restart_guard,
+        };
         let identities = Arc::new(Identities::default());
         let mut nodes: Vec<Arc<Node>> = Vec::with_capacity(self.nodes.len());
         for (index, info) in self.nodes.into_iter().enumerate() {
@@ -299,6 +352,7 @@ impl RedlockBuilder {
                 misconfigured: Default::default(),
                 warmed: Default::default(),
                 stats,
+                generation,
             }),
         })
     }

@@ -183,6 +183,40 @@ pub enum Error {
         drift: Duration,
     },
 
+    /// The ttl is longer than the restart guard's `max_ttl`
+    /// ([`RedlockBuilder::restart_guard`](crate::RedlockBuilder::restart_guard)):
+    /// the guard protects only locks no longer than it.
+    #[error(
+        "the ttl {ttl:?} is longer than the restart guard's max_ttl {max_ttl:?}; raise max_ttl on every client of these nodes, or use a shorter ttl"
+    )]
+    TtlAboveRestartGuard {
+        /// The ttl asked for.
+        ttl: Duration,
+        /// The guard's `max_ttl`.
+        max_ttl: Duration,
+    },
+
+    /// [`Redlock::fencing_token`](crate::Redlock::fencing_token) could not
+    /// prove that the number it would give is larger than every earlier
+    /// token: too many of the nodes that answered have lost their data since
+    /// the last token (their counters are missing or from an earlier
+    /// generation), or too few answered. It fails closed rather than risk a
+    /// repeat. Ask again once every node answers, and once a node that lost
+    /// its data has been back for the restart guard's `max_ttl`.
+    #[error(
+        "fencing token for {resource:?} not proven: {answered} of {nodes} nodes answered with the lock ours, {untrusted} of them with a counter missing or from an earlier generation (a node that lost its data, or never had the counter); every node must answer to re-synchronise them"
+    )]
+    FencingUnproven {
+        /// The resource.
+        resource: String,
+        /// Nodes where the lock was ours and counted (not too young).
+        answered: usize,
+        /// How many of them had an untrusted counter.
+        untrusted: usize,
+        /// Nodes in the cluster.
+        nodes: usize,
+    },
+
     /// The resource name is empty.
     #[error("the resource name is empty")]
     EmptyResource,
@@ -265,6 +299,15 @@ pub enum NodeError {
     /// wrong CA, an expired or mismatched certificate), or it wants a client
     /// certificate that was not given. Retrying cannot fix it.
     Tls(redis::RedisError),
+    /// The node agreed, but its data is younger than the restart guard's
+    /// `max_ttl` (see
+    /// [`RedlockBuilder::restart_guard`](crate::RedlockBuilder::restart_guard)):
+    /// it restarted without its data, or is new, and does not count towards
+    /// a quorum until its data is `max_ttl` old, on its own clock.
+    Young {
+        /// The age of the node's data (its generation marker), on its clock.
+        age: Duration,
+    },
     /// This entry of the node list reaches the same server as another one.
     SameServer {
         /// Position of the other entry.
@@ -334,6 +377,11 @@ impl fmt::Display for NodeError {
             NodeError::Reply(e) => write!(f, "error reply ({e})"),
             NodeError::UnexpectedReply(v) => write!(f, "unexpected reply {v}"),
             NodeError::Tls(e) => write!(f, "TLS handshake failed ({e})"),
+            NodeError::Young { age } => write!(
+                f,
+                "agreed, but its data is only {age:?} old (it restarted empty or is new): \
+                 not counted until it is as old as the restart guard's max_ttl"
+            ),
             NodeError::SameServer {
                 other_index,
                 other_node,

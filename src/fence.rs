@@ -70,25 +70,34 @@ impl Redlock {
         if !lock.is_valid() {
             return Err(not_held());
         }
-        let read = multi::fence_request(lock, None);
+        let generation = &self.inner.generation;
+        let read = multi::fence_request(generation, lock, None);
         let Round { tally, .. } = round::round(
             &self.inner,
             None,
-            Ask::Owned,
+            Ask::Fence,
             Until::Decided,
             read,
             &lock.in_flight,
-            scripts::read_fence,
+            generation.reader(scripts::read_fence),
         )
         .await;
         self.note(&tally);
         if tally.outcome() != Outcome::Quorum {
             return Err(tally.into_error(&lock.label()));
         }
+        if !tally.proven() {
+            return Err(Error::FencingUnproven {
+                resource: lock.label().into_owned(),
+                answered: tally.granted,
+                untrusted: tally.untrusted,
+                nodes: self.node_count(),
+            });
+        }
         let highest = tally.highest.unwrap_or(0);
         let token = u64::try_from(highest).unwrap_or(0) + 1;
 
-        let write = multi::fence_request(lock, Some(token));
+        let write = multi::fence_request(generation, lock, Some(token));
         let Round { tally, .. } = round::round(
             &self.inner,
             None,
@@ -96,7 +105,7 @@ impl Redlock {
             Until::Decided,
             write,
             &lock.in_flight,
-            scripts::read_flag,
+            generation.reader(scripts::read_flag),
         )
         .await;
         if tally.outcome() != Outcome::Quorum {

@@ -119,6 +119,7 @@ mod address;
 mod builder;
 mod error;
 mod fence;
+mod generation;
 mod guard;
 mod health;
 mod lock;

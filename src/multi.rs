@@ -44,6 +44,7 @@ use crate::error::Error;
 use crate::guard::LockGuard;
 use crate::lock::Lock;
 use crate::redlock::{Patience, Redlock};
+use crate::generation::Generation;
 use crate::round::Request;
 use crate::scripts;
 use crate::tally::Reply;
@@ -124,10 +125,35 @@ pub(crate) fn script(
     }
 }
 
+/// A request for a script made by [`generation::with_marker`]: the keys and
+/// arguments, then the marker key and the manager's candidate id.
+fn marked(
+    generation: &Generation,
+    script: &'static LazyLock<Script>,
+    keys: &[&[u8]],
+    args: &[&[u8]],
+) -> Request {
+    let mut keys: Vec<Vec<u8>> = keys.iter().map(|k| k.to_vec()).collect();
+    let mut args: Vec<Vec<u8>> = args.iter().map(|a| a.to_vec()).collect();
+    generation.append(&mut keys, &mut args);
+    Request::Script {
+        script,
+        keys: keys.into(),
+        args: args.into(),
+    }
+}
+
 /// The request of an acquisition round: `SET key token NX PX ttl GET` for
-/// one key, [`scripts::ACQUIRE_MANY`] for several.
-pub(crate) fn acquire_request(keys: &[String], token: &str, millis: u64) -> Request {
-    if let [key] = keys {
+/// one key, [`scripts::ACQUIRE_MANY`] for several; under the restart guard,
+/// the same with the generation marker.
+pub(crate) fn acquire_request(
+    generation: &Generation,
+    keys: &[String],
+    token: &str,
+    millis: u64,
+) -> Request {
+    let guarded = generation.guard.is_some();
+    if let ([key], false) = (keys, guarded) {
         let mut set = Cmd::new();
         set.arg("SET")
             .arg(key)
@@ -140,47 +166,76 @@ pub(crate) fn acquire_request(keys: &[String], token: &str, millis: u64) -> Requ
     }
     let millis = millis.to_string();
     let keys: Vec<&[u8]> = keys.iter().map(|k| k.as_bytes()).collect();
-    script(
-        &scripts::ACQUIRE_MANY,
-        &scripts::ACQUIRE_MANY,
-        &keys,
-        &[token.as_bytes(), millis.as_bytes()],
-    )
+    let args = [token.as_bytes(), millis.as_bytes()];
+    match (keys.len(), guarded) {
+        (1, _) => marked(generation, &scripts::SET_MARKED, &keys, &args),
+        (_, true) => marked(generation, &scripts::ACQUIRE_MANY_MARKED, &keys, &args),
+        (_, false) => script(&scripts::ACQUIRE_MANY, &scripts::ACQUIRE_MANY, &keys, &args),
+    }
 }
 
 /// How the reply of [`acquire_request`] is read.
-pub(crate) fn read_acquire(
-    token: &str,
+pub(crate) fn read_acquire<'a>(
+    generation: &'a Generation,
+    token: &'a str,
     several: bool,
-) -> impl Fn(&Value) -> Result<Reply, String> + '_ {
-    let one = scripts::read_set(token);
-    let many = scripts::read_acquire_many(token);
-    move |value| if several { many(value) } else { one(value) }
+) -> impl Fn(&Value) -> Result<Reply, String> + 'a {
+    let body = move |value: &Value| {
+        if several {
+            scripts::read_acquire_many(token)(value)
+        } else {
+            scripts::read_set(token)(value)
+        }
+    };
+    either(generation, body)
+}
+
+/// Reads a reply with `body`, through the marker's reader when the restart
+/// guard is on (the requests then carry the marker).
+fn either<'a, F>(generation: &Generation, body: F) -> impl Fn(&Value) -> Result<Reply, String> + 'a
+where
+    F: Fn(&Value) -> Result<Reply, String> + Copy + 'a,
+{
+    let marked = generation.reader(body);
+    let guarded = generation.guard.is_some();
+    move |value| if guarded { marked(value) } else { body(value) }
 }
 
 /// The extension request of a lock: [`scripts::EXTEND`] or
-/// [`scripts::EXTEND_MANY`].
-pub(crate) fn extend_request(lock: &Lock, millis: u64) -> Request {
+/// [`scripts::EXTEND_MANY`], with the generation marker under the restart
+/// guard.
+pub(crate) fn extend_request(generation: &Generation, lock: &Lock, millis: u64) -> Request {
     let millis = millis.to_string();
     let keys: Vec<&[u8]> = lock.keys().map(str::as_bytes).collect();
-    script(
-        &scripts::EXTEND,
-        &scripts::EXTEND_MANY,
-        &keys,
-        &[lock.token.as_bytes(), millis.as_bytes()],
-    )
+    let args = [lock.token.as_bytes(), millis.as_bytes()];
+    match (keys.len(), generation.guard.is_some()) {
+        (_, false) => script(&scripts::EXTEND, &scripts::EXTEND_MANY, &keys, &args),
+        (1, true) => marked(generation, &scripts::EXTEND_MARKED, &keys, &args),
+        (_, true) => marked(generation, &scripts::EXTEND_MANY_MARKED, &keys, &args),
+    }
+}
+
+/// How the reply of [`extend_request`] is read.
+pub(crate) fn read_extend(generation: &Generation) -> impl Fn(&Value) -> Result<Reply, String> {
+    either(generation, scripts::read_extend)
 }
 
 /// The remote check of a lock: [`scripts::CHECK`] or
-/// [`scripts::CHECK_MANY`].
-pub(crate) fn check_request(lock: &Lock) -> Request {
+/// [`scripts::CHECK_MANY`], with the generation marker under the restart
+/// guard. Read by [`read_check`].
+pub(crate) fn check_request(generation: &Generation, lock: &Lock) -> Request {
     let keys: Vec<&[u8]> = lock.keys().map(str::as_bytes).collect();
-    script(
-        &scripts::CHECK,
-        &scripts::CHECK_MANY,
-        &keys,
-        &[lock.token.as_bytes()],
-    )
+    let args = [lock.token.as_bytes()];
+    match (keys.len(), generation.guard.is_some()) {
+        (_, false) => script(&scripts::CHECK, &scripts::CHECK_MANY, &keys, &args),
+        (1, true) => marked(generation, &scripts::CHECK_MARKED, &keys, &args),
+        (_, true) => marked(generation, &scripts::CHECK_MANY_MARKED, &keys, &args),
+    }
+}
+
+/// How the reply of [`check_request`] is read.
+pub(crate) fn read_check(generation: &Generation) -> impl Fn(&Value) -> Result<Reply, String> {
+    either(generation, scripts::read_flag)
 }
 
 /// The release of keys held by `token`: [`scripts::UNLOCK`] or
@@ -196,35 +251,39 @@ pub(crate) fn unlock_request(keys: &[&str], token: &str) -> Request {
 }
 
 /// The fencing read (`number` = `None`) or write of a lock: the lock keys,
-/// then their counter keys. On one key that is the layout of
-/// [`scripts::FENCE_READ`] and [`scripts::FENCE_WRITE`], which it uses.
-pub(crate) fn fence_request(lock: &Lock, number: Option<u64>) -> Request {
+/// then their counter keys, then the generation marker. On one key that is
+/// the layout of [`scripts::FENCE_READ`] and [`scripts::FENCE_WRITE`], which
+/// it uses. Their replies are read by [`Generation::reader`] over
+/// [`scripts::read_fence`] and [`scripts::read_flag`].
+pub(crate) fn fence_request(generation: &Generation, lock: &Lock, number: Option<u64>) -> Request {
     let counters: Vec<Vec<u8>> = lock.keys().map(scripts::fence_key).collect();
     let keys: Vec<&[u8]> = lock
         .keys()
         .map(str::as_bytes)
         .chain(counters.iter().map(Vec::as_slice))
         .collect();
-    // `script` picks by the number of keys, which counts the counters too.
-    let (read, write): (&'static Script, &'static Script) = if lock.rest.is_empty() {
-        (&scripts::FENCE_READ, &scripts::FENCE_WRITE)
-    } else {
-        (&scripts::FENCE_READ_MANY, &scripts::FENCE_WRITE_MANY)
-    };
-    let (script, args) = match number {
-        None => (read, vec![lock.token.as_bytes().to_vec()]),
-        Some(number) => (
-            write,
-            vec![
-                lock.token.as_bytes().to_vec(),
-                number.to_string().into_bytes(),
-            ],
+    let several = !lock.rest.is_empty();
+    let number = number.map(|n| n.to_string());
+    match (&number, several) {
+        (None, false) => marked(generation, &scripts::FENCE_READ, &keys, &[lock.token.as_bytes()]),
+        (None, true) => marked(
+            generation,
+            &scripts::FENCE_READ_MANY,
+            &keys,
+            &[lock.token.as_bytes()],
         ),
-    };
-    Request::Script {
-        script,
-        keys: keys.iter().map(|k| k.to_vec()).collect(),
-        args: args.into(),
+        (Some(n), false) => marked(
+            generation,
+            &scripts::FENCE_WRITE,
+            &keys,
+            &[lock.token.as_bytes(), n.as_bytes()],
+        ),
+        (Some(n), true) => marked(
+            generation,
+            &scripts::FENCE_WRITE_MANY,
+            &keys,
+            &[lock.token.as_bytes(), n.as_bytes()],
+        ),
     }
 }
 
@@ -424,7 +483,12 @@ mod tests {
 
     #[test]
     fn the_acquire_reply_is_read_strictly() {
-        let read = read_acquire("mine", true);
+        let off = Generation {
+            marker: crate::generation::marker_key(""),
+            candidate: "c".into(),
+            guard: None,
+        };
+        let read = read_acquire(&off, "mine", true);
         assert_eq!(read(&Value::Int(1)), Ok(Reply::Agreed(None)));
         assert_eq!(
             read(&Value::BulkString(b"theirs".to_vec())),
@@ -435,8 +499,21 @@ mod tests {
         assert!(read(&Value::Nil).is_err());
         assert!(read(&Value::Int(0)).is_err());
         assert!(read(&Value::BulkString(b"mine".to_vec())).is_err());
-        let read = read_acquire("mine", false);
+        let read = read_acquire(&off, "mine", false);
         assert_eq!(read(&Value::Nil), Ok(Reply::Agreed(None)));
         assert!(read(&Value::Int(1)).is_err());
+        // Under the guard the reply carries the marker's age.
+        let on = Generation {
+            guard: Some(std::time::Duration::from_secs(1)),
+            ..off.clone()
+        };
+        let read = read_acquire(&on, "mine", false);
+        let marked = |body: Value, age: i64| Value::Array(vec![body, Value::Int(age)]);
+        assert_eq!(read(&marked(Value::Nil, 5_000)), Ok(Reply::Agreed(None)));
+        assert!(matches!(
+            read(&marked(Value::Nil, 5)),
+            Ok(Reply::Young { healed: false, .. })
+        ));
+        assert!(read(&Value::Nil).is_err());
     }
 }

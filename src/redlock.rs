@@ -8,12 +8,12 @@ use crate::address::NodeAddress;
 
 use crate::builder::{Config, RedlockBuilder};
 use crate::error::{Error, NodeError};
+use crate::generation::Generation;
 use crate::lock::{Lock, new_token};
 use crate::multi;
 use crate::node::Node;
 use crate::release::{Cleanup, Retries, release_everywhere, release_on};
 use crate::round::{self, InFlight, Round, Until};
-use crate::scripts;
 use crate::stats::{Counters, Ended};
 use crate::tally::{Ask, Outcome, Tally, quorum};
 use crate::timing::{self, Ttl};
@@ -68,6 +68,8 @@ pub(crate) struct Inner {
     pub(crate) warmed: tokio::sync::OnceCell<()>,
     /// What the manager did; see [`Redlock::stats`].
     pub(crate) stats: Counters,
+    /// The generation markers and the restart guard.
+    pub(crate) generation: Generation,
 }
 
 impl Inner {
@@ -359,13 +361,13 @@ impl Redlock {
 
     async fn extend_inner(&self, lock: &Lock, ttl: Duration) -> Result<Lock, Error> {
         self.configured()?;
-        let ttl = Ttl::new(ttl, self.inner.config.drift_factor)?;
+        let ttl = self.ttl(ttl)?;
         if !lock.adopted && !lock.is_valid() {
             return Err(Error::NotHeld {
                 resource: lock.label().into_owned(),
             });
         }
-        let request = multi::extend_request(lock, ttl.millis);
+        let request = multi::extend_request(&self.inner.generation, lock, ttl.millis);
         let start = Instant::now();
         let Round { tally, in_flight } = round::round(
             &self.inner,
@@ -374,7 +376,7 @@ impl Redlock {
             Until::Decided,
             request,
             &lock.in_flight,
-            scripts::read_extend,
+            multi::read_extend(&self.inner.generation),
         )
         .await;
         let in_flight = lock.in_flight.and(&in_flight);
@@ -475,7 +477,7 @@ impl Redlock {
     /// Cancel-safe: it only reads.
     pub async fn verify(&self, lock: &Lock) -> Result<bool, Error> {
         self.configured()?;
-        let request = multi::check_request(lock);
+        let request = multi::check_request(&self.inner.generation, lock);
         let Round { tally, .. } = round::round(
             &self.inner,
             None,
@@ -483,7 +485,7 @@ impl Redlock {
             Until::Decided,
             request,
             &lock.in_flight,
-            scripts::read_flag,
+            multi::read_check(&self.inner.generation),
         )
         .await;
         self.note(&tally);
@@ -573,7 +575,16 @@ impl Redlock {
     fn check(&self, resources: &[&str], ttl: Duration) -> Result<Ttl, Error> {
         self.configured()?;
         multi::check_resources(resources)?;
-        Ttl::new(ttl, self.inner.config.drift_factor)
+        self.ttl(ttl)
+    }
+
+    /// Validates a ttl, including against the restart guard's `max_ttl`.
+    fn ttl(&self, ttl: Duration) -> Result<Ttl, Error> {
+        let checked = Ttl::new(ttl, self.inner.config.drift_factor)?;
+        match self.inner.generation.guard {
+            Some(max_ttl) if ttl > max_ttl => Err(Error::TtlAboveRestartGuard { ttl, max_ttl }),
+            _ => Ok(checked),
+        }
     }
 
     /// One acquisition attempt: a round, and up to `split_rounds` more after
@@ -629,9 +640,9 @@ impl Redlock {
             None,
             Ask::Acquire,
             Until::Decided,
-            multi::acquire_request(&keys, &token, ttl.millis),
+            multi::acquire_request(&inner.generation, &keys, &token, ttl.millis),
             &InFlight::default(),
-            multi::read_acquire(&token, keys.len() > 1),
+            multi::read_acquire(&inner.generation, &token, keys.len() > 1),
         )
         .await;
         self.note(&tally);
@@ -735,7 +746,15 @@ impl Failed {
                 agreed, unanswered, ..
             } => (agreed, unanswered),
         };
-        agreed.iter().chain(unanswered).copied().collect()
+        match self {
+            Failed::Round(tally) => agreed
+                .iter()
+                .chain(unanswered)
+                .chain(&tally.young)
+                .copied()
+                .collect(),
+            Failed::Late { .. } => agreed.iter().chain(unanswered).copied().collect(),
+        }
     }
 
     fn into_error(self, resource: &str) -> Error {

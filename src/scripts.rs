@@ -15,11 +15,16 @@
 //! - The fencing counter of a lock key `K` is `K`, then the byte `0xFF`, then
 //!   `fence`. Resource names and prefixes are UTF-8, and `0xFF` never occurs
 //!   in UTF-8, so no lock key of any resource can ever equal a counter key.
+//!   It holds `<number>:<generation>` (see [`generation`]).
+//! - The generation marker of a node is the key prefix, then `0xFF`, then
+//!   `generation`: no lock key either, and no counter key (a counter key has
+//!   a non-empty resource name before its `0xFF`, and ends in `fence`).
 
 use std::sync::LazyLock;
 
 use redis::{Script, Value};
 
+use crate::generation;
 use crate::tally::Reply;
 
 /// The byte that separates a lock key from the name of a key that belongs to
@@ -68,11 +73,15 @@ pub(crate) fn read_extend(value: &Value) -> Result<Reply, String> {
     }
 }
 
-/// Reads the reply of the fencing read: the counter (0 or more) where the
-/// lock is ours, -1 where it is not.
+/// Reads the body's reply of the fencing read: `{counter, trusted}` where
+/// the lock is ours, -1 where it is not.
 pub(crate) fn read_fence(value: &Value) -> Result<Reply, String> {
     match value {
-        Value::Int(n) if *n >= 0 => Ok(Reply::Agreed(Some(*n))),
+        Value::Array(parts) => match parts.as_slice() {
+            [Value::Int(n), Value::Int(1)] if *n >= 0 => Ok(Reply::Agreed(Some(*n))),
+            [Value::Int(n), Value::Int(0)] if *n >= 0 => Ok(Reply::Untrusted(*n)),
+            _ => Err(format!("{value:?}")),
+        },
         Value::Int(-1) => Ok(Reply::Refused { holder: None }),
         other => Err(format!("{other:?}")),
     }
@@ -96,9 +105,9 @@ end"#,
 /// was taken), sets it again with the token and the ttl and returns 2: the
 /// renewal heals the lock, and the caller counts such a node as not ours
 /// for this round. Where another value holds it, returns 0.
-pub(crate) static EXTEND: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r#"local held = redis.call("get", KEYS[1])
+pub(crate) static EXTEND: LazyLock<Script> = LazyLock::new(|| Script::new(EXTEND_BODY));
+
+const EXTEND_BODY: &str = r#"local held = redis.call("get", KEYS[1])
 if held == ARGV[1] then
     redis.call("pexpire", KEYS[1], ARGV[2])
     return 1
@@ -107,51 +116,91 @@ elseif not held then
     return 2
 else
     return 0
-end"#,
-    )
+end"#;
+
+/// [`EXTEND`] with the generation marker (restart guard on).
+pub(crate) static EXTEND_MARKED: LazyLock<Script> =
+    LazyLock::new(|| generation::with_marker(EXTEND_BODY));
+
+/// `KEYS[1]` = key, `ARGV[1]` = token, `ARGV[2]` = ttl in milliseconds:
+/// `SET key token NX PX ttl GET` with the generation marker (restart guard
+/// on); the body's reply is that of the `SET`, read by [`read_set`].
+pub(crate) static SET_MARKED: LazyLock<Script> = LazyLock::new(|| {
+    generation::with_marker(r#"return redis.call("set", KEYS[1], ARGV[1], "NX", "PX", ARGV[2], "GET")"#)
 });
 
 /// `KEYS[1]` = key, `ARGV[1]` = token. Returns 1 where the key holds the
 /// token, 0 elsewhere. Changes nothing.
-pub(crate) static CHECK: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r#"if redis.call("get", KEYS[1]) == ARGV[1] then
+pub(crate) static CHECK: LazyLock<Script> = LazyLock::new(|| Script::new(CHECK_BODY));
+
+const CHECK_BODY: &str = r#"if redis.call("get", KEYS[1]) == ARGV[1] then
     return 1
 else
     return 0
-end"#,
-    )
-});
+end"#;
 
-/// `KEYS[1]` = lock key, `KEYS[2]` = fencing counter key, `ARGV[1]` = token.
-/// Where the lock holds the token, returns the counter (0 if never set);
-/// elsewhere -1.
+/// [`CHECK`] with the generation marker (restart guard on).
+pub(crate) static CHECK_MARKED: LazyLock<Script> =
+    LazyLock::new(|| generation::with_marker(CHECK_BODY));
+
+/// `KEYS[1]` = lock key, `KEYS[2]` = fencing counter key, `ARGV[1]` = token;
+/// with the generation marker. Where the lock holds the token, returns
+/// `{counter, trusted}`: the counter's number (0 if missing), and 1 when it
+/// was written in the node's current generation, 0 when it is missing or
+/// from an earlier one (see [`generation`]). Elsewhere -1.
 pub(crate) static FENCE_READ: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r#"if redis.call("get", KEYS[1]) == ARGV[1] then
-    return tonumber(redis.call("get", KEYS[2]) or "0")
-else
+    generation::with_marker(&format!(
+        r#"{COUNTER}
+if redis.call("get", KEYS[1]) ~= ARGV[1] then
     return -1
-end"#,
-    )
+end
+local number, trusted = counter(KEYS[2])
+return {{number, trusted}}"#
+    ))
 });
 
 /// `KEYS[1]` = lock key, `KEYS[2]` = fencing counter key, `ARGV[1]` = token,
-/// `ARGV[2]` = the new fencing number. Where the lock holds the token, raises
-/// the counter to the number (never lowers it) and returns 1; elsewhere 0.
+/// `ARGV[2]` = the new fencing number; with the generation marker. Where the
+/// lock holds the token, raises the counter to the number within the node's
+/// generation (never lowers it), or sets it outright when the counter is
+/// missing or from an earlier generation, and returns 1; elsewhere 0.
 pub(crate) static FENCE_WRITE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r#"if redis.call("get", KEYS[1]) == ARGV[1] then
-    local current = tonumber(redis.call("get", KEYS[2]) or "0")
-    if tonumber(ARGV[2]) > current then
-        redis.call("set", KEYS[2], ARGV[2])
-    end
-    return 1
-else
+    generation::with_marker(&format!(
+        r#"{COUNTER}
+if redis.call("get", KEYS[1]) ~= ARGV[1] then
     return 0
-end"#,
-    )
+end
+raise(KEYS[2], ARGV[2])
+return 1"#
+    ))
 });
+
+/// Lua helpers of the fencing scripts, over a counter stored as
+/// `<number>:<generation>` (`generation` is the prelude's local):
+/// `counter(key)` returns the number (0 if missing) and 1 if it is trusted;
+/// `raise(key, number)` writes the number unless a trusted counter already
+/// holds as much.
+const COUNTER: &str = r#"local function counter(key)
+    local stored = redis.call("get", key)
+    if not stored then
+        return 0, 0
+    end
+    local sep = string.find(stored, ":", 1, true)
+    if not sep then
+        return tonumber(stored) or 0, 0
+    end
+    local number = tonumber(string.sub(stored, 1, sep - 1)) or 0
+    if string.sub(stored, sep + 1) == generation then
+        return number, 1
+    end
+    return number, 0
+end
+local function raise(key, number)
+    local current, trusted = counter(key)
+    if trusted == 0 or tonumber(number) > current then
+        redis.call("set", key, number .. ":" .. generation)
+    end
+end"#;
 
 /// Reads the reply of [`ACQUIRE_MANY`]: 1 where it set every key; the value
 /// of the first key held by another token where it set none. Our own token
@@ -184,9 +233,10 @@ pub(crate) fn read_acquire_many(token: &str) -> impl Fn(&Value) -> Result<Reply,
 /// holders as it does for `SET … GET`. The same key layout and the same
 /// all-or-nothing rule as node-redlock's acquire script, so the two exclude
 /// each other.
-pub(crate) static ACQUIRE_MANY: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r#"for _, key in ipairs(KEYS) do
+pub(crate) static ACQUIRE_MANY: LazyLock<Script> =
+    LazyLock::new(|| Script::new(ACQUIRE_MANY_BODY));
+
+const ACQUIRE_MANY_BODY: &str = r#"for _, key in ipairs(KEYS) do
     local held = redis.call("get", key)
     if held and held ~= ARGV[1] then
         return held
@@ -195,18 +245,25 @@ end
 for _, key in ipairs(KEYS) do
     redis.call("set", key, ARGV[1], "PX", ARGV[2])
 end
-return 1"#,
-    )
-});
+return 1"#;
+
+/// [`ACQUIRE_MANY`] with the generation marker (restart guard on).
+pub(crate) static ACQUIRE_MANY_MARKED: LazyLock<Script> =
+    LazyLock::new(|| generation::with_marker(ACQUIRE_MANY_BODY));
 
 /// `KEYS` = the lock keys, `ARGV[1]` = token, `ARGV[2]` = ttl in
 /// milliseconds. When any key holds another value, changes nothing and
 /// returns 0. Otherwise sets every key to the token with the ttl: returns 1
 /// when each held the token, 2 when some were missing and were set again
 /// (healed, as [`EXTEND`] does).
-pub(crate) static EXTEND_MANY: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r#"local missing = false
+pub(crate) static EXTEND_MANY: LazyLock<Script> =
+    LazyLock::new(|| Script::new(EXTEND_MANY_BODY));
+
+/// [`EXTEND_MANY`] with the generation marker (restart guard on).
+pub(crate) static EXTEND_MANY_MARKED: LazyLock<Script> =
+    LazyLock::new(|| generation::with_marker(EXTEND_MANY_BODY));
+
+const EXTEND_MANY_BODY: &str = r#"local missing = false
 for _, key in ipairs(KEYS) do
     local held = redis.call("get", key)
     if not held then
@@ -221,9 +278,7 @@ end
 if missing then
     return 2
 end
-return 1"#,
-    )
-});
+return 1"#;
 
 /// `KEYS` = the lock keys, `ARGV[1]` = token. Deletes every key that holds
 /// the token. Returns 1 when it deleted any, 0 otherwise.
@@ -244,58 +299,62 @@ return 0"#,
 
 /// `KEYS` = the lock keys, `ARGV[1]` = token. Returns 1 where every key
 /// holds the token, 0 elsewhere. Changes nothing.
-pub(crate) static CHECK_MANY: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r#"for _, key in ipairs(KEYS) do
+pub(crate) static CHECK_MANY: LazyLock<Script> = LazyLock::new(|| Script::new(CHECK_MANY_BODY));
+
+const CHECK_MANY_BODY: &str = r#"for _, key in ipairs(KEYS) do
     if redis.call("get", key) ~= ARGV[1] then
         return 0
     end
 end
-return 1"#,
-    )
-});
+return 1"#;
+
+/// [`CHECK_MANY`] with the generation marker (restart guard on).
+pub(crate) static CHECK_MANY_MARKED: LazyLock<Script> =
+    LazyLock::new(|| generation::with_marker(CHECK_MANY_BODY));
 
 /// `KEYS` = the n lock keys, then their n fencing counter keys in the same
-/// order; `ARGV[1]` = token. Where every lock key holds the token, returns
-/// the largest of the counters (0 if none was ever set); elsewhere -1.
+/// order; `ARGV[1]` = token; with the generation marker. Where every lock
+/// key holds the token, returns `{largest counter, trusted}`, trusted (1)
+/// only when every counter is (see [`FENCE_READ`]); elsewhere -1.
 pub(crate) static FENCE_READ_MANY: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r#"local n = #KEYS / 2
-local highest = 0
+    generation::with_marker(&format!(
+        r#"{COUNTER}
+local n = #KEYS / 2
+local highest, all_trusted = 0, 1
 for i = 1, n do
     if redis.call("get", KEYS[i]) ~= ARGV[1] then
         return -1
     end
-    local counter = tonumber(redis.call("get", KEYS[n + i]) or "0")
-    if counter > highest then
-        highest = counter
+    local number, trusted = counter(KEYS[n + i])
+    if number > highest then
+        highest = number
+    end
+    if trusted == 0 then
+        all_trusted = 0
     end
 end
-return highest"#,
-    )
+return {{highest, all_trusted}}"#
+    ))
 });
 
 /// `KEYS` as [`FENCE_READ_MANY`]; `ARGV[1]` = token, `ARGV[2]` = the new
-/// fencing number. Where every lock key holds the token, raises each counter
-/// to the number (never lowers one) and returns 1; elsewhere changes nothing
-/// and returns 0.
+/// fencing number; with the generation marker. Where every lock key holds
+/// the token, raises each counter as [`FENCE_WRITE`] does and returns 1;
+/// elsewhere changes nothing and returns 0.
 pub(crate) static FENCE_WRITE_MANY: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r#"local n = #KEYS / 2
+    generation::with_marker(&format!(
+        r#"{COUNTER}
+local n = #KEYS / 2
 for i = 1, n do
     if redis.call("get", KEYS[i]) ~= ARGV[1] then
         return 0
     end
 end
-local number = tonumber(ARGV[2])
 for i = 1, n do
-    local counter = tonumber(redis.call("get", KEYS[n + i]) or "0")
-    if number > counter then
-        redis.call("set", KEYS[n + i], ARGV[2])
-    end
+    raise(KEYS[n + i], ARGV[2])
 end
-return 1"#,
-    )
+return 1"#
+    ))
 });
 
 #[cfg(test)]
@@ -325,7 +384,11 @@ mod tests {
         assert!(read_flag(&Value::Int(2)).is_err());
         assert!(read_flag(&Value::Nil).is_err());
         assert_eq!(read_extend(&Value::Int(2)), Ok(Reply::Healed));
-        assert_eq!(read_fence(&Value::Int(7)), Ok(Reply::Agreed(Some(7))));
+        let pair = |n, t| Value::Array(vec![Value::Int(n), Value::Int(t)]);
+        assert_eq!(read_fence(&pair(7, 1)), Ok(Reply::Agreed(Some(7))));
+        assert_eq!(read_fence(&pair(7, 0)), Ok(Reply::Untrusted(7)));
+        assert!(read_fence(&pair(-3, 1)).is_err());
+        assert!(read_fence(&Value::Int(7)).is_err());
         assert_eq!(
             read_fence(&Value::Int(-1)),
             Ok(Reply::Refused { holder: None })

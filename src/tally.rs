@@ -15,6 +15,7 @@
 use std::time::Instant;
 
 use crate::error::{Error, NodeError, NodeFailure};
+use crate::generation;
 
 /// How many of `nodes` nodes must agree: a strict majority, `nodes / 2 + 1`.
 pub(crate) const fn quorum(nodes: usize) -> usize {
@@ -26,8 +27,12 @@ pub(crate) const fn quorum(nodes: usize) -> usize {
 pub(crate) enum Ask {
     /// Acquisition: a "no" is another holder's key.
     Acquire,
-    /// Extend, unlock, fencing, a remote check: a "no" is "not ours".
+    /// Extend, unlock, the fencing write, a remote check: a "no" is "not
+    /// ours".
     Owned,
+    /// The fencing read: as `Owned`, and it listens on past a quorum until
+    /// the read is proven (see [`generation::proven`]).
+    Fence,
 }
 
 /// How one node answered, once its reply was read.
@@ -41,6 +46,16 @@ pub(crate) enum Reply {
     /// The key was missing and the renewal set it again with our token: not
     /// ours when the round started, ours now.
     Healed,
+    /// A fencing read where the lock is ours, with a counter that is missing
+    /// or from an earlier generation of the node: it agreed, with this
+    /// number, but the number may be less than the last token.
+    Untrusted(i64),
+    /// The node agreed (or healed, `healed`), but its data is younger than
+    /// the restart guard's `max_ttl`: it does not count towards the quorum.
+    Young {
+        age: std::time::Duration,
+        healed: bool,
+    },
 }
 
 /// What a round found.
@@ -58,6 +73,12 @@ pub(crate) struct Tally {
     holders: Vec<(Vec<u8>, usize)>,
     /// Nodes whose state is unknown: timed out, unreachable, busy.
     pub(crate) unknown: usize,
+    /// The positions of the nodes that agreed but are too young to count
+    /// (restart guard): our key may be there.
+    pub(crate) young: Vec<usize>,
+    /// How many of the agreeing nodes answered a fencing read with an
+    /// untrusted counter.
+    pub(crate) untrusted: usize,
     /// Nodes that answered with an error retrying cannot fix.
     pub(crate) errors: usize,
     /// What each node that did not agree said.
@@ -106,6 +127,8 @@ impl Tally {
             healed: Vec::new(),
             holders: Vec::new(),
             unknown: 0,
+            young: Vec::new(),
+            untrusted: 0,
             errors: 0,
             failures: Vec::new(),
             unanswered: Vec::new(),
@@ -121,7 +144,7 @@ impl Tally {
     }
 
     fn answered(&self) -> usize {
-        self.granted + self.refused + self.unknown + self.errors
+        self.granted + self.refused + self.unknown + self.young.len() + self.errors
     }
 
     fn pending(&self) -> usize {
@@ -139,6 +162,17 @@ impl Tally {
                     self.quorum_at = Some(Instant::now());
                 }
                 return;
+            }
+            Ok(Reply::Untrusted(number)) => {
+                self.untrusted += 1;
+                return self.record(index, node, Ok(Reply::Agreed(Some(number))));
+            }
+            Ok(Reply::Young { age, healed }) => {
+                self.young.push(index);
+                if healed {
+                    self.healed.push(index);
+                }
+                NodeError::Young { age }
             }
             Ok(Reply::Healed) => {
                 self.refused += 1;
@@ -188,7 +222,7 @@ impl Tally {
     fn claim(&self) -> usize {
         match self.ask {
             Ask::Acquire => self.holders.iter().map(|(_, n)| *n).max().unwrap_or(0),
-            Ask::Owned => self.refused,
+            Ask::Owned | Ask::Fence => self.refused,
         }
     }
 
@@ -199,8 +233,13 @@ impl Tally {
     /// rounds stop as soon as more answers could not change the outcome.
     pub(crate) fn decided(&self) -> bool {
         let required = self.required();
-        if self.granted >= required || self.pending() == 0 {
+        if self.pending() == 0 {
             return true;
+        }
+        if self.granted >= required {
+            // More answers can only prove a fencing read, never unprove it:
+            // one that comes in moves a node from silent to answering.
+            return self.ask != Ask::Fence || self.proven();
         }
         if self.ask == Ask::Acquire || self.granted + self.pending() >= required {
             return false;
@@ -213,6 +252,11 @@ impl Tally {
         // No quorum for us. Is it refused, and can more answers change that?
         let claim = self.claim();
         claim >= required || claim + self.pending() < required
+    }
+
+    /// Whether a fencing read may be used: see [`generation::proven`].
+    pub(crate) fn proven(&self) -> bool {
+        generation::proven(self.nodes, self.granted, self.untrusted)
     }
 
     /// The configuration error when two entries of the node list turned out
@@ -277,7 +321,7 @@ impl Tally {
                     failures: self.failures,
                 }
             }
-            (Outcome::Refused, Ask::Owned) => Error::NotHeld { resource },
+            (Outcome::Refused, Ask::Owned | Ask::Fence) => Error::NotHeld { resource },
             (Outcome::Errors, _) => Error::Redis {
                 resource,
                 granted: self.granted,

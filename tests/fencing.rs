@@ -71,13 +71,15 @@ async fn only_the_holder_gets_a_token() {
     let redlock = cluster.redlock();
     let res = resource("fence-holder");
     let fence_key = fence_key(&res);
+    // A counter holds `<number>:<generation>`; the number is compared.
     let counters = |c: &Cluster| -> Vec<Option<String>> {
         (0..5)
             .map(|i| {
-                redis::cmd("GET")
+                let stored: Option<String> = redis::cmd("GET")
                     .arg(&fence_key)
                     .query(&mut c.conn(i))
-                    .unwrap()
+                    .unwrap();
+                stored.map(|s| s.split(':').next().unwrap_or_default().to_owned())
             })
             .collect()
     };

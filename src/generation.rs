@@ -1,0 +1,234 @@
+//! Generation markers and the restart guard: telling, per node, that a node
+//! lost its data, and not counting it until it is old enough to be safe.
+//!
+//! # The marker
+//! Each node keeps one key without expiry, the manager's key prefix followed
+//! by the byte `0xFF` and `generation` (never a lock key, which is UTF-8; see
+//! [`scripts`](crate::scripts)). It holds `<born>:<id>`: the node's own
+//! `TIME` in milliseconds when the marker was made, and a random id. The
+//! whole string is the node's *generation*. A node that loses its data loses
+//! the marker with it, and the next request of ours that carries the
+//! marker's prelude makes a new one, "born now", with a new generation.
+//!
+//! # The prelude
+//! Every script that needs the marker starts with the same few lines: they
+//! take the marker key from the end of `KEYS` and a candidate id from the
+//! end of `ARGV`, make the marker if it is missing, and then run the
+//! script's own body. The reply is `{body's reply, age}`, with `age` the
+//! marker's age on the node's clock in milliseconds. So the marker rides
+//! along in the same round trip as the command, at the cost of a script
+//! where a plain `SET` would do.
+//!
+//! # The restart guard
+//! With [`RedlockBuilder::restart_guard(max_ttl)`](crate::RedlockBuilder::restart_guard),
+//! a node whose marker is younger than `max_ttl` does not count towards any
+//! quorum (acquire, extend, fencing read and write), exactly as if it had
+//! not answered: any key it held before it lost its data has expired by the
+//! time it counts again. Its refusals still count as refusals. This is the
+//! client-side equivalent of an operator who delays every restart past the
+//! largest ttl. The model in `model/` checks this rule (`restart guard`).
+//!
+//! # Fencing counters
+//! The fencing counter holds `<number>:<generation>`. The read reports a
+//! counter as trusted only when its generation is the node's current one; a
+//! counter that is missing, or was written in an earlier generation, is
+//! untrusted. The write raises the counter within the node's generation and
+//! sets it outright in a new one, which re-synchronises a node that lost its
+//! data. [`proven`] is the rule that decides whether a read may be used.
+
+use std::time::Duration;
+
+use redis::{Script, Value};
+
+use crate::tally::{Reply, quorum};
+
+/// The byte that separates a key prefix from a key of ours that is not a
+/// lock key; see the module docs.
+const SEPARATOR: u8 = 0xFF;
+
+/// The Lua lines every marker-carrying script starts with; see the module
+/// docs. Defines the locals `generation` (the node's generation string) and
+/// `age` (the marker's age in milliseconds on the node's clock).
+const PRELUDE: &str = r#"local marker = table.remove(KEYS)
+local candidate = table.remove(ARGV)
+local clock = redis.call("time")
+local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+local generation = redis.call("get", marker)
+local born
+if generation then
+    local sep = string.find(generation, ":", 1, true)
+    born = sep and tonumber(string.sub(generation, 1, sep - 1))
+    if not born then
+        return redis.error_reply("ERR redlock-quorum: malformed generation marker")
+    end
+else
+    born = now
+    generation = now .. ":" .. candidate
+    redis.call("set", marker, generation)
+end
+local age = now - born
+"#;
+
+/// A script made of [`PRELUDE`] and `body`, replying `{body's reply, age}`.
+pub(crate) fn with_marker(body: &str) -> Script {
+    Script::new(&format!(
+        "{PRELUDE}local function body()\n{body}\nend\nreturn {{body(), age}}"
+    ))
+}
+
+/// The marker key of a manager's key prefix.
+pub(crate) fn marker_key(prefix: &str) -> Vec<u8> {
+    let mut key = Vec::with_capacity(prefix.len() + 11);
+    key.extend_from_slice(prefix.as_bytes());
+    key.push(SEPARATOR);
+    key.extend_from_slice(b"generation");
+    key
+}
+
+/// A manager's view of the markers: the key, the id it proposes when it
+/// makes a marker, and the restart guard's `max_ttl`, if set.
+#[derive(Debug, Clone)]
+pub(crate) struct Generation {
+    pub(crate) marker: Vec<u8>,
+    pub(crate) candidate: String,
+    pub(crate) guard: Option<Duration>,
+}
+
+impl Generation {
+    /// Appends the marker key and the candidate id to a script's keys and
+    /// arguments, where [`PRELUDE`] takes them from.
+    pub(crate) fn append(&self, keys: &mut Vec<Vec<u8>>, args: &mut Vec<Vec<u8>>) {
+        keys.push(self.marker.clone());
+        args.push(self.candidate.clone().into_bytes());
+    }
+
+    /// Reads the reply of a script made by [`with_marker`] with `read` for
+    /// its body, and, under the restart guard, turns the agreement of a node
+    /// younger than `max_ttl` into [`Reply::Young`].
+    pub(crate) fn reader<F>(&self, read: F) -> impl Fn(&Value) -> Result<Reply, String> + use<F>
+    where
+        F: Fn(&Value) -> Result<Reply, String>,
+    {
+        let guard = self.guard;
+        move |value| {
+            let (body, age) = match value {
+                Value::Array(parts) => match parts.as_slice() {
+                    [body, Value::Int(age)] => (body, *age),
+                    // A body that replied nil leaves a one-element table.
+                    [Value::Int(age)] => (&Value::Nil, *age),
+                    _ => return Err(format!("{value:?}")),
+                },
+                other => return Err(format!("{other:?}")),
+            };
+            let reply = read(body)?;
+            // A node clock that went backwards gives a negative age: young.
+            let age = Duration::from_millis(u64::try_from(age).unwrap_or(0));
+            Ok(match (guard, reply) {
+                (Some(max_ttl), Reply::Agreed(_) | Reply::Untrusted(_)) if age < max_ttl => {
+                    Reply::Young { age, healed: false }
+                }
+                (Some(max_ttl), Reply::Healed) if age < max_ttl => {
+                    Reply::Young { age, healed: true }
+                }
+                (_, reply) => reply,
+            })
+        }
+    }
+}
+
+/// The proven-read rule of the fencing read. With `answered` nodes agreeing
+/// (the lock ours there, and not young), `untrusted` of them with a counter
+/// that is missing or from an earlier generation, out of `nodes`: the read
+/// is proven when a quorum answered and `min(untrusted, f) + silent` is less
+/// than a quorum, where `silent = nodes − answered` and `f = nodes − quorum`
+/// is the number of nodes that may have lost their data.
+///
+/// Why: the last token was written to a quorum `W`. At most `f` nodes lost
+/// their data, and those among the answers are untrusted, so at most
+/// `min(untrusted, f)` answering nodes of `W` lost the token; the silent
+/// ones may be the rest of `W`. If together they are fewer than a quorum,
+/// some answering node of `W` kept its counter, in its generation, and the
+/// largest counter read is at least the last token.
+pub(crate) fn proven(nodes: usize, answered: usize, untrusted: usize) -> bool {
+    let required = quorum(nodes);
+    let f = nodes - required;
+    let silent = nodes.saturating_sub(answered);
+    answered >= required && untrusted.min(f) + silent < required
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_proven_read_rule() {
+        // A brand-new cluster: every counter missing, every node answering.
+        assert!(proven(3, 3, 3));
+        assert!(proven(5, 5, 5));
+        // ... but not with a node silent: it may hold the last token.
+        assert!(!proven(3, 2, 2));
+        assert!(!proven(5, 4, 4));
+        // Issue 11's schedule: B sees n0 lost, n2 never written, n1 silent.
+        assert!(!proven(3, 2, 2));
+        // Trusted answers from a quorum with the rest silent: proven.
+        assert!(proven(3, 2, 0));
+        assert!(proven(5, 3, 0));
+        // One untrusted among a bare quorum: the silent ones and it could
+        // be the whole write quorum.
+        assert!(!proven(3, 2, 1));
+        assert!(!proven(5, 3, 1));
+        assert!(proven(5, 4, 1));
+        assert!(!proven(5, 4, 2));
+        assert!(proven(5, 5, 2));
+        // Fewer than a quorum answered: never.
+        assert!(!proven(5, 2, 0));
+    }
+
+    #[test]
+    fn the_marker_is_never_a_lock_key() {
+        let marker = marker_key("locks:");
+        assert!(marker.starts_with(b"locks:"));
+        assert!(std::str::from_utf8(&marker).is_err());
+    }
+
+    #[test]
+    fn young_agreement_does_not_count() {
+        let generation = Generation {
+            marker: marker_key(""),
+            candidate: "c".into(),
+            guard: Some(Duration::from_secs(1)),
+        };
+        let read = generation.reader(|v| match v {
+            Value::Int(1) => Ok(Reply::Agreed(None)),
+            Value::Int(2) => Ok(Reply::Healed),
+            _ => Ok(Reply::Refused { holder: None }),
+        });
+        let reply = |body: i64, age: i64| read(&Value::Array(vec![Value::Int(body), Value::Int(age)]));
+        assert_eq!(
+            reply(1, 999),
+            Ok(Reply::Young {
+                age: Duration::from_millis(999),
+                healed: false
+            })
+        );
+        assert_eq!(reply(1, 1000), Ok(Reply::Agreed(None)));
+        assert_eq!(
+            reply(2, -5),
+            Ok(Reply::Young {
+                age: Duration::ZERO,
+                healed: true
+            })
+        );
+        assert_eq!(reply(0, 10), Ok(Reply::Refused { holder: None }));
+        assert!(read(&Value::Int(1)).is_err());
+        let off = Generation {
+            guard: None,
+            ..generation
+        };
+        let read = off.reader(|_| Ok(Reply::Agreed(None)));
+        assert_eq!(
+            read(&Value::Array(vec![Value::Nil, Value::Int(0)])),
+            Ok(Reply::Agreed(None))
+        );
+    }
+}
