@@ -204,7 +204,8 @@ pub enum Error {
     /// repeat. Ask again once every node answers, and once a node that lost
     /// its data has been back for the restart guard's `max_ttl`.
     #[error(
-        "fencing token for {resource:?} not proven: {answered} of {nodes} nodes answered with the lock ours, {untrusted} of them with a counter missing or from an earlier generation (a node that lost its data, or never had the counter); every node must answer to re-synchronise them"
+        "fencing token for {resource:?} not proven: {answered} of {nodes} nodes answered with the lock ours, {untrusted} of them with a counter missing or from an earlier generation (a node that lost its data, or never had the counter); every node must answer to re-synchronise them; {}",
+        NodeFailures(.failures)
     )]
     FencingUnproven {
         /// The resource.
@@ -215,6 +216,8 @@ pub enum Error {
         untrusted: usize,
         /// Nodes in the cluster.
         nodes: usize,
+        /// What each node that did not count said.
+        failures: Vec<NodeFailure>,
     },
 
     /// The resource name is empty.

@@ -92,6 +92,7 @@ impl Redlock {
                 answered: tally.granted,
                 untrusted: tally.untrusted,
                 nodes: self.node_count(),
+                failures: tally.failures,
             });
         }
         let highest = tally.highest.unwrap_or(0);

@@ -1,0 +1,310 @@
+//! The restart guard and the generation markers (issue 11), against real
+//! nodes that restart without persistence: a node that lost its data does
+//! not count until its data is `max_ttl` old, and fencing tokens never
+//! repeat or go down while fewer than half the nodes lose their data.
+
+use std::time::{Duration, Instant};
+
+use rand::RngExt;
+use redlock_harness::checker::Checker;
+use redlock_harness::{Cluster, resource};
+use redlock_quorum::{Error, NodeError, Redlock};
+
+/// The guard's `max_ttl`, and the ttl of the guarded locks here.
+const MAX_TTL: Duration = Duration::from_millis(1500);
+
+/// The marker key of the empty key prefix.
+const MARKER: &[u8] = b"\xFFgeneration";
+
+fn guarded(cluster: &Cluster) -> Redlock {
+    cluster
+        .builder()
+        .restart_guard(MAX_TTL)
+        .retry_delay(Duration::from_millis(50))
+        .retry_jitter(Duration::from_millis(20))
+        .retry_count(200)
+        .build()
+        .unwrap()
+}
+
+fn marker(cluster: &Cluster, node: usize) -> Option<String> {
+    let stored: Option<Vec<u8>> = redis::cmd("GET")
+        .arg(MARKER)
+        .query(&mut cluster.conn(node))
+        .unwrap();
+    stored.map(|s| String::from_utf8(s).unwrap())
+}
+
+/// Makes the markers of a fresh cluster and waits until they are old enough
+/// to count.
+async fn age_markers(cluster: &Cluster) {
+    let redlock = guarded(cluster);
+    let _ = redlock.try_lock(&resource("age"), MAX_TTL).await;
+    tokio::time::sleep(MAX_TTL + Duration::from_millis(100)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fresh_cluster_bootstraps_after_max_ttl_once() {
+    let cluster = Cluster::start(3);
+    let redlock = guarded(&cluster);
+    let res = resource("guard-bootstrap");
+    let first = Instant::now();
+    // No marker yet: every node is new, and none counts.
+    let err = redlock.try_lock(&res, MAX_TTL).await.unwrap_err();
+    match &err {
+        Error::NoQuorum { failures, .. } => {
+            assert_eq!(failures.len(), 3, "{err}");
+            assert!(
+                failures
+                    .iter()
+                    .all(|f| matches!(f.cause, NodeError::Young { .. })),
+                "{err}"
+            );
+        }
+        other => panic!("expected NoQuorum from young nodes, got {other}"),
+    }
+    assert!(err.to_string().contains("old"), "{err}");
+    // Refused, and nothing left behind.
+    assert!(cluster.eventually(Duration::from_secs(2), |c| c
+        .values(&res)
+        .iter()
+        .all(Option::is_none)));
+    for node in 0..3 {
+        let stamp = marker(&cluster, node).expect("a marker on every node");
+        let (born, id) = stamp.split_once(':').expect("born:id");
+        assert!(born.parse::<u64>().is_ok() && id.len() >= 16, "{stamp}");
+    }
+    // `lock` waits the guard out, then gets it; fencing bootstraps at 1.
+    let lock = redlock.lock(&res, MAX_TTL).await.unwrap();
+    let waited = first.elapsed();
+    assert!(waited >= MAX_TTL, "granted after {waited:?}");
+    assert_eq!(redlock.fencing_token(&lock).await.unwrap(), 1);
+    redlock.unlock(&lock).await.unwrap();
+    // From then on, the markers are old: granted at once.
+    let again = redlock.try_lock(&res, MAX_TTL).await.unwrap();
+    redlock.unlock(&again).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_immediate_restart_without_persistence_does_not_let_a_second_holder_in() {
+    // The negative control of tests/checker_controls.rs, guarded: three
+    // nodes, the first holder on exactly two, one of those restarted at once
+    // and empty. Unguarded, the second client gets in (the control shows
+    // it); guarded, it must wait until the first lock has expired.
+    let mut cluster = Cluster::start(3);
+    age_markers(&cluster).await;
+    let checker = Checker::default();
+    for round in 0..3 {
+        let res = resource("guard-restart");
+        let forgetful = 1 + round % 2; // node 1 or node 2 holds a and forgets
+        let absent = 3 - forgetful; // the other of them is down for a
+        cluster.node(absent).kill();
+        let a = guarded(&cluster);
+        let first = a.try_lock(&res, MAX_TTL).await.expect("2 of 3");
+        let first_granted = Instant::now();
+        cluster.node(absent).restart();
+        cluster.node(forgetful).restart(); // at once, no persistence
+        assert_eq!(cluster.count(&res, first.token()), 1, "forgotten");
+        let b = guarded(&cluster);
+        let second = b.lock(&res, MAX_TTL).await.expect("b gets it in the end");
+        let second_granted = Instant::now();
+        assert!(
+            second_granted >= first.expires_at(),
+            "round {round}: b was granted while a's lock was valid"
+        );
+        checker.record("a", first.token(), first_granted, first.expires_at());
+        checker.record("b", second.token(), second_granted, second.expires_at());
+        b.unlock(&second).await.unwrap();
+        // The restarted nodes count again once their data is max_ttl old.
+        tokio::time::sleep(MAX_TTL).await;
+    }
+    assert_eq!(checker.overlaps().len(), 0, "{:?}", checker.overlaps());
+    assert_eq!(checker.len(), 6);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_that_lost_its_data_counts_again_after_max_ttl() {
+    let mut cluster = Cluster::start(3);
+    age_markers(&cluster).await;
+    let redlock = guarded(&cluster);
+    let res = resource("guard-rejoin");
+    let before = marker(&cluster, 0).unwrap();
+    cluster.node(0).restart();
+    // Young node 0 and a down node 2: only node 1 counts.
+    cluster.node(2).kill();
+    let err = redlock.try_lock(&res, MAX_TTL).await.unwrap_err();
+    assert!(matches!(err, Error::NoQuorum { .. }), "{err}");
+    let after = marker(&cluster, 0).expect("a new marker");
+    assert_ne!(before, after, "a new generation");
+    // After max_ttl on node 0's clock, it counts: nodes 0 and 1 grant it.
+    tokio::time::sleep(MAX_TTL).await;
+    let lock = redlock.try_lock(&res, MAX_TTL).await.unwrap();
+    redlock.unlock(&lock).await.unwrap();
+    cluster.node(2).restart();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn issue_11s_schedule_never_repeats_a_fencing_token() {
+    // 3 nodes, at most one faulty at a time. Unguarded (the generation
+    // check on the counters is always on), then guarded.
+    for guard in [false, true] {
+        let mut cluster = Cluster::start(3);
+        let ttl = Duration::from_millis(800);
+        let build = |c: &Cluster| {
+            let b = c
+                .builder()
+                .retry_delay(Duration::from_millis(50))
+                .retry_count(200);
+            if guard { b.restart_guard(ttl) } else { b }.build().unwrap()
+        };
+        if guard {
+            age_markers(&cluster).await;
+        }
+        let res = resource("guard-fence");
+        // An earlier holder, with every node up, sets the counters to 1.
+        let z = build(&cluster);
+        let lock = z.lock(&res, ttl).await.unwrap();
+        assert_eq!(z.fencing_token(&lock).await.unwrap(), 1);
+        z.unlock(&lock).await.unwrap();
+        assert!(cluster.eventually(Duration::from_secs(2), |c| c
+            .values(&res)
+            .iter()
+            .all(Option::is_none)));
+
+        // 1. Node 2 is down (stopped, its data kept) while A locks and
+        // takes a token.
+        cluster.node(2).pause();
+        let a = build(&cluster);
+        let lock_a = a.lock(&res, ttl).await.unwrap();
+        let token_a = a.fencing_token(&lock_a).await.unwrap();
+        assert_eq!(token_a, 2);
+        cluster.node(2).resume(); // back, with only the earlier counter
+        // 2. Node 0 is killed and restarted empty after ttl + 200 ms.
+        cluster.node(0).kill();
+        tokio::time::sleep(ttl + Duration::from_millis(200)).await;
+        cluster.node(0).restart();
+        // 3. Node 1 is paused while B locks and takes a token.
+        cluster.node(1).pause();
+        let b = build(&cluster);
+        let lock_b = b.lock(&res, ttl).await;
+        let outcome = match &lock_b {
+            Ok(lock) => Some(b.fencing_token(lock).await),
+            Err(_) => None,
+        };
+        cluster.node(1).resume();
+        match outcome {
+            // Before the generation check: Ok(2), A's token again.
+            Some(Ok(token_b)) => assert!(token_b > token_a, "guard {guard}: {token_b}"),
+            Some(Err(Error::FencingUnproven { untrusted, .. })) => assert!(untrusted >= 1),
+            Some(Err(other)) => panic!("guard {guard}: {other}"),
+            // Guarded, node 0 is young and node 1 paused: no quorum for B.
+            None => assert!(guard, "unguarded, B locks on nodes 0 and 2"),
+        }
+        // Once every node answers again (node 1 is reconnected after its
+        // backoff), B's token is proven, and above A's.
+        if let Ok(lock) = lock_b {
+            let _ = b.unlock(&lock).await;
+        }
+        let mut token_b = None;
+        for _ in 0..20 {
+            let lock = b.lock(&res, ttl).await.unwrap();
+            let token = b.fencing_token(&lock).await;
+            let _ = b.unlock(&lock).await;
+            match token {
+                Ok(token) => {
+                    token_b = Some(token);
+                    break;
+                }
+                Err(Error::FencingUnproven { .. }) => {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                Err(other) => panic!("guard {guard}: {other}"),
+            }
+        }
+        let token_b = token_b.expect("proven once every node answers");
+        assert!(token_b > token_a, "guard {guard}: {token_b} after {token_a}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_strictly_increase_under_random_minority_data_loss() {
+    // Five nodes, many successive holders; between (and during) holders a
+    // random minority restarts empty or is paused. Every token issued is
+    // larger than every token issued before it; a call that cannot prove it
+    // fails closed.
+    let mut cluster = Cluster::start(5);
+    let res = resource("guard-random");
+    let mut rng = rand::rng();
+    let (mut issued, mut unproven, mut last) = (0, 0, 0u64);
+    for round in 0..30 {
+        let redlock = cluster.builder().retry_count(50).build().unwrap();
+        let lock = redlock.lock(&res, Duration::from_secs(5)).await.unwrap();
+        // A fault during the holder's tenure: one node paused, or one or
+        // two nodes restarted empty (never more than a minority at once).
+        let paused = rng.random_bool(0.3).then(|| rng.random_range(0..5));
+        if let Some(p) = paused {
+            cluster.node(p).pause();
+        }
+        match redlock.fencing_token(&lock).await {
+            Ok(token) => {
+                assert!(token > last, "round {round}: {token} after {last}");
+                last = token;
+                issued += 1;
+            }
+            Err(Error::FencingUnproven { .. }) => unproven += 1,
+            Err(other) => panic!("round {round}: {other}"),
+        }
+        if let Some(p) = paused {
+            cluster.node(p).resume();
+        }
+        let _ = redlock.unlock(&lock).await;
+        let losses = rng.random_range(0..=2);
+        let mut lost = Vec::new();
+        while lost.len() < losses {
+            let n = rng.random_range(0..5);
+            if !lost.contains(&n) && Some(n) != paused {
+                lost.push(n);
+            }
+        }
+        for n in lost {
+            cluster.node(n).restart();
+        }
+    }
+    println!("tokens issued {issued}, failed closed {unproven}, last {last}");
+    assert!(issued >= 10, "only {issued} of 30 rounds issued a token");
+}
+
+#[test]
+fn the_guard_refuses_longer_ttls_and_bad_settings() {
+    let urls = ["redis://127.0.0.1:1/", "redis://127.0.0.1:2/", "redis://127.0.0.1:3/"];
+    let err = Redlock::builder(urls)
+        .restart_guard(Duration::ZERO)
+        .build()
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::InvalidSetting {
+                setting: "restart_guard",
+                ..
+            }
+        ),
+        "{err}"
+    );
+    let redlock = Redlock::builder(urls)
+        .restart_guard(Duration::from_secs(10))
+        .build()
+        .unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let err = rt
+        .block_on(redlock.try_lock("x", Duration::from_secs(11)))
+        .unwrap_err();
+    assert!(
+        matches!(err, Error::TtlAboveRestartGuard { .. }),
+        "{err}"
+    );
+    assert!(err.to_string().contains("max_ttl"), "{err}");
+}
