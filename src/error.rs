@@ -204,13 +204,14 @@ pub enum Error {
     /// repeat. Ask again once every node answers, and once a node that lost
     /// its data has been back for the restart guard's `max_ttl`.
     #[error(
-        "fencing token for {resource:?} not proven: {answered} of {nodes} nodes answered with the lock ours, {untrusted} of them with a counter missing or from an earlier generation (a node that lost its data, or never had the counter); every node must answer to re-synchronise them; {}",
+        "fencing token for {resource:?} not proven: {answered} of {nodes} nodes answered with their counter, {untrusted} of them with a counter missing or from an earlier generation (a node that lost its data, or never had the counter); every node must answer to re-synchronise them; {}",
         NodeFailures(.failures)
     )]
     FencingUnproven {
         /// The resource.
         resource: String,
-        /// Nodes where the lock was ours and counted (not too young).
+        /// Nodes whose counters were read (not too young under the restart
+        /// guard).
         answered: usize,
         /// How many of them had an untrusted counter.
         untrusted: usize,

@@ -19,6 +19,10 @@ use crate::round::{self, Round, Until};
 use crate::scripts;
 use crate::tally::{Ask, Outcome};
 
+/// How many times a fencing read is made before it fails unproven, when
+/// nodes that did not answer left it unproven.
+const FENCE_READS: u32 = 3;
+
 impl Redlock {
     /// A fencing token for a held lock: a number larger than any token given
     /// to an earlier holder of the same resource (through this crate, on the
@@ -54,10 +58,28 @@ impl Redlock {
     /// # }
     /// ```
     ///
+    /// # Never a repeat
+    /// Each node's counter is tagged with the node's data generation (see
+    /// [`RedlockBuilder::restart_guard`](crate::RedlockBuilder::restart_guard)
+    /// for the marker). A counter that is missing, or was written before the
+    /// node lost its data, is *untrusted*. With `n` nodes, a quorum `q` and
+    /// `f = n − q`, the number read is used only when at least `q` nodes
+    /// answered with the lock ours and `min(untrusted, f) + silent < q`
+    /// (`silent` = the nodes that did not answer, refused, or are too young
+    /// under the restart guard). Then some node that kept its data holds the
+    /// last token, and the new one is larger than every earlier one, as long
+    /// as fewer than half the nodes lost their data since the last token.
+    /// Otherwise the call fails closed with [`Error::FencingUnproven`]. In
+    /// practice: the first token of a resource, and the first after a node
+    /// lost its data, need every node to answer (a read left unproven by
+    /// nodes that did not answer is made up to three times). The write
+    /// re-synchronises a node that lost its data.
+    ///
     /// # Errors
     /// [`Error::NotHeld`] when the lock's validity has run out or a quorum
-    /// says it is not ours; [`Error::NoQuorum`] or [`Error::Redis`] when too
-    /// few nodes answered.
+    /// says it is not ours; [`Error::FencingUnproven`] when the number
+    /// cannot be proven larger than every earlier token (above);
+    /// [`Error::NoQuorum`] or [`Error::Redis`] when too few nodes answered.
     ///
     /// # Cancel safety
     /// Cancel-safe: dropping the future leaves the counters as they were or
@@ -71,25 +93,43 @@ impl Redlock {
             return Err(not_held());
         }
         let generation = &self.inner.generation;
-        let read = multi::fence_request(generation, lock, None);
-        let Round { tally, .. } = round::round(
-            &self.inner,
-            None,
-            Ask::Fence,
-            Until::Decided,
-            read,
-            &lock.in_flight,
-            generation.reader(scripts::read_fence),
-        )
-        .await;
-        self.note(&tally);
+        let mut reads = 0;
+        let tally = loop {
+            let read = multi::fence_request(generation, lock, None);
+            let Round { tally, .. } = round::round(
+                &self.inner,
+                None,
+                Ask::Fence,
+                Until::Decided,
+                read,
+                &lock.in_flight,
+                generation.reader(scripts::read_fence),
+            )
+            .await;
+            self.note(&tally);
+            reads += 1;
+            // A read left unproven by nodes that did not answer in time (a
+            // slow node, a fresh connection) is asked again, a few times,
+            // while the lock is valid: the first token of a resource needs
+            // every node.
+            let silent = tally.unknown > 0;
+            if tally.outcome() == Outcome::Quorum
+                && !tally.proven()
+                && silent
+                && reads < FENCE_READS
+                && lock.is_valid()
+            {
+                continue;
+            }
+            break tally;
+        };
         if tally.outcome() != Outcome::Quorum {
             return Err(tally.into_error(&lock.label()));
         }
         if !tally.proven() {
             return Err(Error::FencingUnproven {
                 resource: lock.label().into_owned(),
-                answered: tally.granted,
+                answered: tally.read,
                 untrusted: tally.untrusted,
                 nodes: self.node_count(),
                 failures: tally.failures,

@@ -130,18 +130,24 @@ impl Generation {
                 (Some(max_ttl), Reply::Healed) if age < max_ttl => {
                     Reply::Young { age, healed: true }
                 }
+                // A young node's counter is not read: it is silent.
+                (Some(max_ttl), Reply::Foreign { .. }) if age < max_ttl => {
+                    Reply::Refused { holder: None }
+                }
                 (_, reply) => reply,
             })
         }
     }
 }
 
-/// The proven-read rule of the fencing read. With `answered` nodes agreeing
-/// (the lock ours there, and not young), `untrusted` of them with a counter
-/// that is missing or from an earlier generation, out of `nodes`: the read
-/// is proven when a quorum answered and `min(untrusted, f) + silent` is less
-/// than a quorum, where `silent = nodes − answered` and `f = nodes − quorum`
-/// is the number of nodes that may have lost their data.
+/// The proven-read rule of the fencing read. With `answered` nodes whose
+/// counters were read (not young; the lock ours there or not, the round
+/// itself needs a quorum where it is ours), `untrusted` of them with a
+/// counter that is missing or from an earlier generation, out of `nodes`:
+/// the read is proven when a quorum answered and `min(untrusted, f) +
+/// silent` is less than a quorum, where `silent = nodes − answered` and
+/// `f = nodes − quorum` is the number of nodes that may have lost their
+/// data.
 ///
 /// Why: the last token was written to a quorum `W`. At most `f` nodes lost
 /// their data, and those among the answers are untrusted, so at most
@@ -203,7 +209,8 @@ mod tests {
             Value::Int(2) => Ok(Reply::Healed),
             _ => Ok(Reply::Refused { holder: None }),
         });
-        let reply = |body: i64, age: i64| read(&Value::Array(vec![Value::Int(body), Value::Int(age)]));
+        let reply =
+            |body: i64, age: i64| read(&Value::Array(vec![Value::Int(body), Value::Int(age)]));
         assert_eq!(
             reply(1, 999),
             Ok(Reply::Young {

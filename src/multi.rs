@@ -41,10 +41,10 @@ use std::time::{Duration, Instant};
 use redis::{Cmd, Script, Value};
 
 use crate::error::Error;
+use crate::generation::Generation;
 use crate::guard::LockGuard;
 use crate::lock::Lock;
 use crate::redlock::{Patience, Redlock};
-use crate::generation::Generation;
 use crate::round::Request;
 use crate::scripts;
 use crate::tally::Reply;
@@ -265,7 +265,12 @@ pub(crate) fn fence_request(generation: &Generation, lock: &Lock, number: Option
     let several = !lock.rest.is_empty();
     let number = number.map(|n| n.to_string());
     match (&number, several) {
-        (None, false) => marked(generation, &scripts::FENCE_READ, &keys, &[lock.token.as_bytes()]),
+        (None, false) => marked(
+            generation,
+            &scripts::FENCE_READ,
+            &keys,
+            &[lock.token.as_bytes()],
+        ),
         (None, true) => marked(
             generation,
             &scripts::FENCE_READ_MANY,

@@ -73,16 +73,27 @@ pub(crate) fn read_extend(value: &Value) -> Result<Reply, String> {
     }
 }
 
-/// Reads the body's reply of the fencing read: `{counter, trusted}` where
-/// the lock is ours, -1 where it is not.
+/// Reads the body's reply of the fencing read: `{counter, trusted, ours}`.
 pub(crate) fn read_fence(value: &Value) -> Result<Reply, String> {
     match value {
         Value::Array(parts) => match parts.as_slice() {
-            [Value::Int(n), Value::Int(1)] if *n >= 0 => Ok(Reply::Agreed(Some(*n))),
-            [Value::Int(n), Value::Int(0)] if *n >= 0 => Ok(Reply::Untrusted(*n)),
+            [
+                Value::Int(n),
+                Value::Int(t @ (0 | 1)),
+                Value::Int(ours @ (0 | 1)),
+            ] if *n >= 0 => {
+                let trusted = *t == 1;
+                Ok(match (*ours == 1, trusted) {
+                    (true, true) => Reply::Agreed(Some(*n)),
+                    (true, false) => Reply::Untrusted(*n),
+                    (false, _) => Reply::Foreign {
+                        number: *n,
+                        trusted,
+                    },
+                })
+            }
             _ => Err(format!("{value:?}")),
         },
-        Value::Int(-1) => Ok(Reply::Refused { holder: None }),
         other => Err(format!("{other:?}")),
     }
 }
@@ -126,7 +137,9 @@ pub(crate) static EXTEND_MARKED: LazyLock<Script> =
 /// `SET key token NX PX ttl GET` with the generation marker (restart guard
 /// on); the body's reply is that of the `SET`, read by [`read_set`].
 pub(crate) static SET_MARKED: LazyLock<Script> = LazyLock::new(|| {
-    generation::with_marker(r#"return redis.call("set", KEYS[1], ARGV[1], "NX", "PX", ARGV[2], "GET")"#)
+    generation::with_marker(
+        r#"return redis.call("set", KEYS[1], ARGV[1], "NX", "PX", ARGV[2], "GET")"#,
+    )
 });
 
 /// `KEYS[1]` = key, `ARGV[1]` = token. Returns 1 where the key holds the
@@ -144,18 +157,22 @@ pub(crate) static CHECK_MARKED: LazyLock<Script> =
     LazyLock::new(|| generation::with_marker(CHECK_BODY));
 
 /// `KEYS[1]` = lock key, `KEYS[2]` = fencing counter key, `ARGV[1]` = token;
-/// with the generation marker. Where the lock holds the token, returns
-/// `{counter, trusted}`: the counter's number (0 if missing), and 1 when it
-/// was written in the node's current generation, 0 when it is missing or
-/// from an earlier one (see [`generation`]). Elsewhere -1.
+/// with the generation marker. Returns `{counter, trusted, ours}`: the
+/// counter's number (0 if missing); 1 when it was written in the node's
+/// current generation, 0 when it is missing or from an earlier one (see
+/// [`generation`]); and 1 when the lock holds the token there. The counter
+/// is read whoever holds the lock on that node: a read made after the grant
+/// comes after every earlier holder's acknowledged write, so any counter
+/// is a valid lower bound.
 pub(crate) static FENCE_READ: LazyLock<Script> = LazyLock::new(|| {
     generation::with_marker(&format!(
         r#"{COUNTER}
-if redis.call("get", KEYS[1]) ~= ARGV[1] then
-    return -1
-end
 local number, trusted = counter(KEYS[2])
-return {{number, trusted}}"#
+local ours = 0
+if redis.call("get", KEYS[1]) == ARGV[1] then
+    ours = 1
+end
+return {{number, trusted, ours}}"#
     ))
 });
 
@@ -233,8 +250,7 @@ pub(crate) fn read_acquire_many(token: &str) -> impl Fn(&Value) -> Result<Reply,
 /// holders as it does for `SET … GET`. The same key layout and the same
 /// all-or-nothing rule as node-redlock's acquire script, so the two exclude
 /// each other.
-pub(crate) static ACQUIRE_MANY: LazyLock<Script> =
-    LazyLock::new(|| Script::new(ACQUIRE_MANY_BODY));
+pub(crate) static ACQUIRE_MANY: LazyLock<Script> = LazyLock::new(|| Script::new(ACQUIRE_MANY_BODY));
 
 const ACQUIRE_MANY_BODY: &str = r#"for _, key in ipairs(KEYS) do
     local held = redis.call("get", key)
@@ -256,8 +272,7 @@ pub(crate) static ACQUIRE_MANY_MARKED: LazyLock<Script> =
 /// returns 0. Otherwise sets every key to the token with the ttl: returns 1
 /// when each held the token, 2 when some were missing and were set again
 /// (healed, as [`EXTEND`] does).
-pub(crate) static EXTEND_MANY: LazyLock<Script> =
-    LazyLock::new(|| Script::new(EXTEND_MANY_BODY));
+pub(crate) static EXTEND_MANY: LazyLock<Script> = LazyLock::new(|| Script::new(EXTEND_MANY_BODY));
 
 /// [`EXTEND_MANY`] with the generation marker (restart guard on).
 pub(crate) static EXTEND_MANY_MARKED: LazyLock<Script> =
@@ -313,17 +328,18 @@ pub(crate) static CHECK_MANY_MARKED: LazyLock<Script> =
     LazyLock::new(|| generation::with_marker(CHECK_MANY_BODY));
 
 /// `KEYS` = the n lock keys, then their n fencing counter keys in the same
-/// order; `ARGV[1]` = token; with the generation marker. Where every lock
-/// key holds the token, returns `{largest counter, trusted}`, trusted (1)
-/// only when every counter is (see [`FENCE_READ`]); elsewhere -1.
+/// order; `ARGV[1]` = token; with the generation marker. Returns
+/// `{largest counter, trusted, ours}` as [`FENCE_READ`] does: trusted (1)
+/// only when every counter is, ours (1) only when every lock key holds the
+/// token.
 pub(crate) static FENCE_READ_MANY: LazyLock<Script> = LazyLock::new(|| {
     generation::with_marker(&format!(
         r#"{COUNTER}
 local n = #KEYS / 2
-local highest, all_trusted = 0, 1
+local highest, all_trusted, ours = 0, 1, 1
 for i = 1, n do
     if redis.call("get", KEYS[i]) ~= ARGV[1] then
-        return -1
+        ours = 0
     end
     local number, trusted = counter(KEYS[n + i])
     if number > highest then
@@ -333,7 +349,7 @@ for i = 1, n do
         all_trusted = 0
     end
 end
-return {{highest, all_trusted}}"#
+return {{highest, all_trusted, ours}}"#
     ))
 });
 
@@ -384,16 +400,26 @@ mod tests {
         assert!(read_flag(&Value::Int(2)).is_err());
         assert!(read_flag(&Value::Nil).is_err());
         assert_eq!(read_extend(&Value::Int(2)), Ok(Reply::Healed));
-        let pair = |n, t| Value::Array(vec![Value::Int(n), Value::Int(t)]);
-        assert_eq!(read_fence(&pair(7, 1)), Ok(Reply::Agreed(Some(7))));
-        assert_eq!(read_fence(&pair(7, 0)), Ok(Reply::Untrusted(7)));
-        assert!(read_fence(&pair(-3, 1)).is_err());
-        assert!(read_fence(&Value::Int(7)).is_err());
+        let read = |n, t, o| {
+            read_fence(&Value::Array(vec![
+                Value::Int(n),
+                Value::Int(t),
+                Value::Int(o),
+            ]))
+        };
+        assert_eq!(read(7, 1, 1), Ok(Reply::Agreed(Some(7))));
+        assert_eq!(read(7, 0, 1), Ok(Reply::Untrusted(7)));
         assert_eq!(
-            read_fence(&Value::Int(-1)),
-            Ok(Reply::Refused { holder: None })
+            read(7, 0, 0),
+            Ok(Reply::Foreign {
+                number: 7,
+                trusted: false
+            })
         );
-        assert!(read_fence(&Value::Int(-2)).is_err());
+        assert!(read(-3, 1, 1).is_err());
+        assert!(read(3, 2, 1).is_err());
+        assert!(read_fence(&Value::Int(7)).is_err());
+        assert!(read_fence(&Value::Int(-1)).is_err());
     }
 
     #[test]

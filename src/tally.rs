@@ -50,6 +50,9 @@ pub(crate) enum Reply {
     /// or from an earlier generation of the node: it agreed, with this
     /// number, but the number may be less than the last token.
     Untrusted(i64),
+    /// A fencing read where the lock is not ours: refused, but its counter
+    /// was read, and counts towards proving the read.
+    Foreign { number: i64, trusted: bool },
     /// The node agreed (or healed, `healed`), but its data is younger than
     /// the restart guard's `max_ttl`: it does not count towards the quorum.
     Young {
@@ -76,8 +79,10 @@ pub(crate) struct Tally {
     /// The positions of the nodes that agreed but are too young to count
     /// (restart guard): our key may be there.
     pub(crate) young: Vec<usize>,
-    /// How many of the agreeing nodes answered a fencing read with an
-    /// untrusted counter.
+    /// How many nodes' fencing counters were read (not too young), the lock
+    /// ours there or not.
+    pub(crate) read: usize,
+    /// How many of them had an untrusted counter.
     pub(crate) untrusted: usize,
     /// Nodes that answered with an error retrying cannot fix.
     pub(crate) errors: usize,
@@ -128,6 +133,7 @@ impl Tally {
             holders: Vec::new(),
             unknown: 0,
             young: Vec::new(),
+            read: 0,
             untrusted: 0,
             errors: 0,
             failures: Vec::new(),
@@ -155,6 +161,9 @@ impl Tally {
     pub(crate) fn record(&mut self, index: usize, node: &str, answer: Result<Reply, NodeError>) {
         let cause = match answer {
             Ok(Reply::Agreed(number)) => {
+                if self.ask == Ask::Fence {
+                    self.read += 1;
+                }
                 self.granted += 1;
                 self.agreed.push(index);
                 self.highest = self.highest.max(number);
@@ -166,6 +175,13 @@ impl Tally {
             Ok(Reply::Untrusted(number)) => {
                 self.untrusted += 1;
                 return self.record(index, node, Ok(Reply::Agreed(Some(number))));
+            }
+            Ok(Reply::Foreign { number, trusted }) => {
+                self.read += 1;
+                self.untrusted += usize::from(!trusted);
+                self.highest = self.highest.max(Some(number));
+                self.refused += 1;
+                NodeError::NotOurs
             }
             Ok(Reply::Young { age, healed }) => {
                 self.young.push(index);
@@ -256,7 +272,7 @@ impl Tally {
 
     /// Whether a fencing read may be used: see [`generation::proven`].
     pub(crate) fn proven(&self) -> bool {
-        generation::proven(self.nodes, self.granted, self.untrusted)
+        generation::proven(self.nodes, self.read, self.untrusted)
     }
 
     /// The configuration error when two entries of the node list turned out

@@ -23,6 +23,7 @@ const RULE: &[&str] = &[
     "+get",
     "+del",
     "+pexpire",
+    "+time",
     "+eval",
     "+evalsha",
     "+script|load",

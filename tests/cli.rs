@@ -190,10 +190,16 @@ fn five_concurrent_runs_run_the_command_once() {
         let script = format!(
             "echo run >> \"$DIR/count\"; while [ ! -e \"$DIR/go-{round}\" ]; do sleep 0.02; done"
         );
+        let errs = dir.join(format!("stderr-{round}"));
         let mut children: Vec<Child> = (0..5)
             .map(|_| {
+                let err = std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(&errs)
+                    .expect("stderr file");
                 run(&cluster, &dir, &["--wait", "0", &name], &script)
-                    .stderr(Stdio::null())
+                    .stderr(err)
                     .spawn()
                     .expect("spawn redlock")
             })
@@ -214,7 +220,12 @@ fn five_concurrent_runs_run_the_command_once() {
             });
             std::thread::sleep(Duration::from_millis(5));
         }
-        assert_eq!(codes, [HELD; 4], "round {round}");
+        assert_eq!(
+            codes,
+            [HELD; 4],
+            "round {round}: {}",
+            std::fs::read_to_string(&errs).unwrap_or_default()
+        );
         assert_eq!(children.len(), 1);
         std::fs::write(&go, "").expect("go");
         let status = wait_within(&mut children[0], Duration::from_secs(10));

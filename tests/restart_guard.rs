@@ -65,10 +65,9 @@ async fn a_fresh_cluster_bootstraps_after_max_ttl_once() {
     }
     assert!(err.to_string().contains("old"), "{err}");
     // Refused, and nothing left behind.
-    assert!(cluster.eventually(Duration::from_secs(2), |c| c
-        .values(&res)
-        .iter()
-        .all(Option::is_none)));
+    assert!(cluster.eventually(Duration::from_secs(2), |c| {
+        c.values(&res).iter().all(Option::is_none)
+    }));
     for node in 0..3 {
         let stamp = marker(&cluster, node).expect("a marker on every node");
         let (born, id) = stamp.split_once(':').expect("born:id");
@@ -155,7 +154,9 @@ async fn issue_11s_schedule_never_repeats_a_fencing_token() {
                 .builder()
                 .retry_delay(Duration::from_millis(50))
                 .retry_count(200);
-            if guard { b.restart_guard(ttl) } else { b }.build().unwrap()
+            if guard { b.restart_guard(ttl) } else { b }
+                .build()
+                .unwrap()
         };
         if guard {
             age_markers(&cluster).await;
@@ -166,10 +167,9 @@ async fn issue_11s_schedule_never_repeats_a_fencing_token() {
         let lock = z.lock(&res, ttl).await.unwrap();
         assert_eq!(z.fencing_token(&lock).await.unwrap(), 1);
         z.unlock(&lock).await.unwrap();
-        assert!(cluster.eventually(Duration::from_secs(2), |c| c
-            .values(&res)
-            .iter()
-            .all(Option::is_none)));
+        assert!(cluster.eventually(Duration::from_secs(2), |c| {
+            c.values(&res).iter().all(Option::is_none)
+        }));
 
         // 1. Node 2 is down (stopped, its data kept) while A locks and
         // takes a token.
@@ -222,7 +222,10 @@ async fn issue_11s_schedule_never_repeats_a_fencing_token() {
             }
         }
         let token_b = token_b.expect("proven once every node answers");
-        assert!(token_b > token_a, "guard {guard}: {token_b} after {token_a}");
+        assert!(
+            token_b > token_a,
+            "guard {guard}: {token_b} after {token_a}"
+        );
     }
 }
 
@@ -276,7 +279,11 @@ async fn tokens_strictly_increase_under_random_minority_data_loss() {
 
 #[test]
 fn the_guard_refuses_longer_ttls_and_bad_settings() {
-    let urls = ["redis://127.0.0.1:1/", "redis://127.0.0.1:2/", "redis://127.0.0.1:3/"];
+    let urls = [
+        "redis://127.0.0.1:1/",
+        "redis://127.0.0.1:2/",
+        "redis://127.0.0.1:3/",
+    ];
     let err = Redlock::builder(urls)
         .restart_guard(Duration::ZERO)
         .build()
@@ -302,9 +309,6 @@ fn the_guard_refuses_longer_ttls_and_bad_settings() {
     let err = rt
         .block_on(redlock.try_lock("x", Duration::from_secs(11)))
         .unwrap_err();
-    assert!(
-        matches!(err, Error::TtlAboveRestartGuard { .. }),
-        "{err}"
-    );
+    assert!(matches!(err, Error::TtlAboveRestartGuard { .. }), "{err}");
     assert!(err.to_string().contains("max_ttl"), "{err}");
 }
