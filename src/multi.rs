@@ -125,7 +125,7 @@ pub(crate) fn script(
     }
 }
 
-/// A request for a script made by [`generation::with_marker`]: the keys and
+/// A request for a script made by [`crate::generation::with_marker`]: the keys and
 /// arguments, then the marker key and the manager's candidate id.
 fn marked(
     generation: &Generation,
