@@ -343,6 +343,7 @@ impl RedlockBuilder {
         let renewals = tokio::sync::Semaphore::new(config.renew_concurrency);
         let retries = Retries::new(nodes.len());
         let stats = crate::stats::Counters::new(nodes.len());
+        let waits = crate::wait::Waits::new(nodes.clone());
         Ok(Redlock {
             inner: Arc::new(Inner {
                 nodes,
@@ -353,6 +354,7 @@ impl RedlockBuilder {
                 warmed: Default::default(),
                 stats,
                 generation,
+                waits,
             }),
         })
     }

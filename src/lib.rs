@@ -135,6 +135,7 @@ mod timing;
 #[cfg(feature = "tls")]
 mod tls;
 mod trace;
+mod wait;
 mod watchdog;
 
 pub use crate::address::NodeAddress;

@@ -239,15 +239,16 @@ pub(crate) fn read_check(generation: &Generation) -> impl Fn(&Value) -> Result<R
 }
 
 /// The release of keys held by `token`: [`scripts::UNLOCK`] or
-/// [`scripts::UNLOCK_MANY`].
-pub(crate) fn unlock_request(keys: &[&str], token: &str) -> Request {
+/// [`scripts::UNLOCK_MANY`]; `quiet` leaves the release unpublished (see
+/// [`scripts::UNLOCK`]).
+pub(crate) fn unlock_request(keys: &[&str], token: &str, quiet: bool) -> Request {
     let keys: Vec<&[u8]> = keys.iter().map(|k| k.as_bytes()).collect();
-    script(
-        &scripts::UNLOCK,
-        &scripts::UNLOCK_MANY,
-        &keys,
-        &[token.as_bytes()],
-    )
+    let args: &[&[u8]] = if quiet {
+        &[token.as_bytes(), b"quiet"]
+    } else {
+        &[token.as_bytes()]
+    };
+    script(&scripts::UNLOCK, &scripts::UNLOCK_MANY, &keys, args)
 }
 
 /// The fencing read (`number` = `None`) or write of a lock: the lock keys,

@@ -297,6 +297,19 @@ impl Node {
         }
     }
 
+    /// A new dedicated pub/sub connection to the node, made within the
+    /// connect timeout (the subscriptions of [`crate::wait`] ride on it).
+    ///
+    /// # Cancel safety
+    /// Cancel-safe: a dropped attempt leaves nothing behind.
+    pub(crate) async fn pubsub(&self) -> Result<redis::aio::PubSub, NodeError> {
+        match tokio::time::timeout(self.connect_timeout, self.client.get_async_pubsub()).await {
+            Err(_) => Err(NodeError::Timeout),
+            Ok(Err(e)) => Err(NodeError::from_redis(e)),
+            Ok(Ok(pubsub)) => Ok(pubsub),
+        }
+    }
+
     /// Reports that a request on `conn` failed at the connection level: the
     /// next request connects again (at once: the node answered before).
     pub(crate) fn broken(&self, conn: &Conn) {

@@ -12,12 +12,13 @@ use crate::generation::Generation;
 use crate::lock::{Lock, new_token};
 use crate::multi;
 use crate::node::Node;
-use crate::release::{Cleanup, Retries, release_everywhere, release_on};
+use crate::release::{Cleanup, Retries, release_everywhere, release_on, release_with};
 use crate::round::{self, InFlight, Round, Until};
 use crate::stats::{Counters, Ended};
 use crate::tally::{Ask, Outcome, Tally, quorum};
 use crate::timing::{self, Ttl};
 use crate::trace::{self, InSpan};
+use crate::wait::{self, Pttls, Registration, Waits};
 
 /// How long a release of an [adopted](Redlock::adopt) lock is retried on
 /// nodes that could not be reached: its ttl is not known here.
@@ -70,6 +71,8 @@ pub(crate) struct Inner {
     pub(crate) stats: Counters,
     /// The generation markers and the restart guard.
     pub(crate) generation: Generation,
+    /// The waiters and the release subscriptions; see [`wait`].
+    pub(crate) waits: Waits,
 }
 
 impl Inner {
@@ -294,6 +297,11 @@ impl Redlock {
         counted.in_span(span).await
     }
 
+    /// The attempt loop. Each failed attempt that may be followed by another
+    /// learns the holder's remaining ttl; the first failure registers the
+    /// caller as a waiter (subscribes, then tries again at once), and each
+    /// later one sleeps until a release wakes it, the holder's keys expire,
+    /// or the timed retry is due, whichever comes first (see [`wait`]).
     async fn lock_retrying(
         &self,
         resources: &[&str],
@@ -302,29 +310,108 @@ impl Redlock {
     ) -> Result<Lock, Error> {
         let ttl = self.check(resources, ttl)?;
         let config = &self.inner.config;
+        let started = Instant::now();
+        // `retry_count` bounds the timed retries (those no release woke),
+        // and the time slept in all to what that many pauses could take at
+        // most: a waiter woken by releases it keeps losing gives up no
+        // later than a poller would have. `lock_within` gives up at its
+        // deadline, and starts no attempt later than a node timeout before
+        // it.
+        let (retry_count, last_start) = match patience {
+            Patience::Retries(n) => (
+                n,
+                timing::after(
+                    started,
+                    config
+                        .retry_delay
+                        .saturating_add(config.retry_jitter)
+                        .saturating_mul(n),
+                ),
+            ),
+            Patience::Until(give_up_at) => (
+                u32::MAX,
+                give_up_at
+                    .checked_sub(config.node_timeout)
+                    .unwrap_or(started),
+            ),
+        };
+        let mut slept = Duration::ZERO;
         let mut retries = 0;
+        let mut splits = 0;
+        let mut waiter: Option<Registration> = None;
         loop {
-            // A split vote is settled within the attempt only when no retry
-            // follows: a retry settles it too, after the usual pause, without
-            // a burst of rounds from every contender.
-            let pause = timing::retry_delay(config.retry_delay, config.retry_jitter);
-            let last = match patience {
-                Patience::Retries(n) => retries >= n,
-                Patience::Until(give_up_at) => {
-                    timing::after(Instant::now(), pause.saturating_add(config.node_timeout))
-                        >= give_up_at
-                }
+            let budget_left = match patience {
+                Patience::Retries(_) => last_start.saturating_duration_since(started + slept),
+                Patience::Until(_) => last_start.saturating_duration_since(Instant::now()),
             };
+            let last = retries >= retry_count || budget_left.is_zero();
+            // A split vote is settled within the attempt only when no retry
+            // follows: a retry settles it too, without a burst of rounds from
+            // every contender.
             let split_rounds = if last { timing::SPLIT_VOTE_ROUNDS } else { 0 };
-            match self.attempt(resources, ttl, split_rounds).await {
-                Ok(lock) => return Ok(lock),
-                Err(e) if !last && is_retryable(&e) => {
-                    trace::debug!(attempt = retries, error = %e, ?pause, "attempt failed; retrying");
+            let pttls = Pttls::default();
+            let learn = (!last).then_some(&pttls);
+            let outcome = match self.attempt(resources, ttl, split_rounds, learn).await {
+                Ok(lock) => {
+                    if let Some(waiter) = waiter {
+                        waiter.granted();
+                    }
+                    return Ok(lock);
                 }
-                Err(e) => return Err(e),
+                Err((e, outcome)) if !last && is_retryable(&e) => {
+                    trace::debug!(attempt = retries, error = %e, "attempt failed; waiting");
+                    outcome
+                }
+                Err((e, _)) => return Err(e),
+            };
+            // Subscribe, then try: a release between the refusal and the
+            // subscription is not slept through.
+            let Some(waiter) = waiter.as_mut() else {
+                let keys: Vec<String> = resources.iter().map(|r| self.key(r)).collect();
+                waiter = Some(
+                    self.inner
+                        .waits
+                        .register(&keys, config.connect_timeout)
+                        .await,
+                );
+                continue;
+            };
+            let now = Instant::now();
+            let pause = timing::after(
+                now,
+                timing::retry_delay(config.retry_delay, config.retry_jitter),
+            );
+            let expiry = pttls
+                .holder_expiry(self.node_count())
+                .map(|d| timing::after(now, d));
+            let (wake_at, counted) = match outcome {
+                Outcome::Refused => {
+                    waiter.saw_holder();
+                    splits = 0;
+                    // Notifications alone suffice when a quorum of nodes has
+                    // our subscription; the first waiter of the key keeps
+                    // the timed retry for releases nobody publishes.
+                    let notified = waiter.subscribed_on() >= self.quorum();
+                    let poll = (!notified || waiter.is_first()).then_some(pause);
+                    let wake_at = [expiry, poll].into_iter().flatten().min();
+                    (wake_at.unwrap_or(last_start), true)
+                }
+                Outcome::Split if splits < timing::SPLIT_VOTE_ROUNDS => {
+                    splits += 1;
+                    let jitter = timing::split_vote_pause(splits - 1);
+                    (timing::after(now, jitter), false)
+                }
+                _ => (expiry.map_or(pause, |e| e.min(pause)), true),
+            };
+            let wake_at = match patience {
+                Patience::Retries(_) => wake_at.min(timing::after(now, budget_left)),
+                Patience::Until(_) => wake_at.min(last_start),
+            };
+            let woke = waiter.sleep_until(wake_at).await;
+            slept += now.elapsed();
+            if !woke && counted {
+                retries += 1;
             }
-            retries += 1;
-            tokio::time::sleep(pause).await;
         }
     }
 
@@ -588,16 +675,18 @@ impl Redlock {
     }
 
     /// One acquisition attempt: a round, and up to `split_rounds` more after
-    /// a split vote; see [`lock`](Redlock::lock).
+    /// a split vote; see [`lock`](Redlock::lock). With `learn`, a refused
+    /// round of one key also reads the holder's remaining ttl.
     async fn attempt(
         &self,
         resources: &[&str],
         ttl: Ttl,
         split_rounds: u32,
-    ) -> Result<Lock, Error> {
+        learn: Option<&Pttls>,
+    ) -> Result<Lock, (Error, Outcome)> {
         let mut split = 0;
         loop {
-            match self.round_once(resources, ttl).await {
+            match self.round_once(resources, ttl, learn).await {
                 Ok(lock) => return Ok(lock),
                 // Contenders shared the nodes, or too few answered to tell:
                 // settle it now rather than give up.
@@ -611,13 +700,18 @@ impl Redlock {
                     tokio::time::sleep(timing::split_vote_pause(split)).await;
                     split += 1;
                 }
-                Err((error, _)) => return Err(error),
+                Err(failed) => return Err(failed),
             }
         }
     }
 
     /// One acquisition round, released everywhere when it fails.
-    async fn round_once(&self, resources: &[&str], ttl: Ttl) -> Result<Lock, (Error, Outcome)> {
+    async fn round_once(
+        &self,
+        resources: &[&str],
+        ttl: Ttl,
+        learn: Option<&Pttls>,
+    ) -> Result<Lock, (Error, Outcome)> {
         let inner = &self.inner;
         let keys: Vec<String> = resources.iter().map(|r| self.key(r)).collect();
         let token = new_token().map_err(|e| (e, Outcome::Errors))?;
@@ -635,14 +729,35 @@ impl Redlock {
         }
         inner.stats.attempt();
         let start = Instant::now();
+        // A caller that may wait learns the holder's ttl: `PTTL` rides
+        // behind the `SET` of one key (not under the restart guard, whose
+        // script reply has its own layout; there and for sets the expiry
+        // stays unknown and the timed retry bounds the wait).
+        let (request, pipelined) = match (learn, keys.as_slice(), inner.generation.guard) {
+            (Some(_), [key], None) => (wait::acquire_request(key, &token, ttl.millis), true),
+            _ => (
+                multi::acquire_request(&inner.generation, &keys, &token, ttl.millis),
+                false,
+            ),
+        };
+        let unused = Pttls::default();
+        let pttls = learn.unwrap_or(&unused);
+        let read_set = multi::read_acquire(&inner.generation, &token, keys.len() > 1);
+        let read = |value: &redis::Value| {
+            if pipelined {
+                wait::read_acquire(pttls, &read_set)(value)
+            } else {
+                read_set(value)
+            }
+        };
         let Round { tally, in_flight } = round::round(
             inner,
             None,
             Ask::Acquire,
             Until::Decided,
-            multi::acquire_request(&inner.generation, &keys, &token, ttl.millis),
+            request,
             &InFlight::default(),
-            multi::read_acquire(&inner.generation, &token, keys.len() > 1),
+            read,
         )
         .await;
         self.note(&tally);
@@ -667,13 +782,17 @@ impl Redlock {
                 let mut maybe_ours = failed.nodes_that_may_hold_ours();
                 maybe_ours.sort_unstable();
                 let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
-                release_on(
+                // A round without a quorum was nobody's lock: its release
+                // wakes no waiter. One that had a quorum but too late
+                // (`Late`) may have kept waiters out: they are told.
+                release_with(
                     inner,
                     Some(&maybe_ours),
                     &keys,
                     &token,
                     ttl.key_expiry(start),
                     &in_flight,
+                    matches!(failed, Failed::Round(_)),
                 )
                 .await;
                 cleanup.disarm();

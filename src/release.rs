@@ -55,7 +55,22 @@ pub(crate) async fn release_on(
     key_expiry: Instant,
     after: &InFlight,
 ) -> Tally {
-    let request = multi::unlock_request(keys, token);
+    release_with(inner, only, keys, token, key_expiry, after, false).await
+}
+
+/// [`release_on`], publishing the release unless `quiet`: a failed attempt
+/// that never had a quorum, which no waiter took for a holder, is released
+/// quietly (see [`scripts::UNLOCK`]).
+pub(crate) async fn release_with(
+    inner: &Arc<Inner>,
+    only: Option<&[usize]>,
+    keys: &[&str],
+    token: &str,
+    key_expiry: Instant,
+    after: &InFlight,
+    quiet: bool,
+) -> Tally {
+    let request = multi::unlock_request(keys, token, quiet);
     let round = round::round(
         inner,
         only,

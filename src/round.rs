@@ -31,6 +31,10 @@ use crate::trace;
 pub(crate) enum Request {
     /// A plain command.
     Cmd(Arc<Cmd>),
+    /// Commands sent back to back, read as one array of replies; the first
+    /// reply's error is the request's error, a later one is left in the
+    /// array for the reader (see [`crate::wait::acquire_request`]).
+    Pipe(Arc<redis::Pipeline>),
     /// A script, run by `EVALSHA` with the `NOSCRIPT` fallback.
     Script {
         script: &'static Script,
@@ -56,6 +60,16 @@ impl Request {
     async fn run(&self, conn: &mut MultiplexedConnection) -> RedisResult<Value> {
         match self {
             Request::Cmd(cmd) => cmd.query_async(conn).await,
+            Request::Pipe(pipe) => match pipe.query_async(conn).await? {
+                Value::Array(mut replies) if !replies.is_empty() => match replies.remove(0) {
+                    Value::ServerError(e) => Err(e.into()),
+                    first => {
+                        replies.insert(0, first);
+                        Ok(Value::Array(replies))
+                    }
+                },
+                other => Ok(other),
+            },
             Request::Script { script, keys, args } => {
                 let mut call = script.prepare_invoke();
                 for key in keys.iter() {

@@ -16,6 +16,9 @@
 //!   `fence`. Resource names and prefixes are UTF-8, and `0xFF` never occurs
 //!   in UTF-8, so no lock key of any resource can ever equal a counter key.
 //!   It holds `<number>:<generation>` (see [`generation`]).
+//! - The release channel of a lock key `K` (pub/sub, a namespace apart from
+//!   keys) is `K`, then `0xFF`, then `released` ([`release_channel`]): no
+//!   channel named by a UTF-8 string can equal it.
 //! - The generation marker of a node is the key prefix, then `0xFF`, then
 //!   `generation`: no lock key either, and no counter key (a counter key has
 //!   a non-empty resource name before its `0xFF`, and ends in `fence`).
@@ -98,17 +101,61 @@ pub(crate) fn read_fence(value: &Value) -> Result<Reply, String> {
     }
 }
 
-/// `KEYS[1]` = key, `ARGV[1]` = token. Deletes the key only when it holds the
-/// token. Returns 1 when it deleted, 0 otherwise.
+/// `KEYS[1]` = key, `ARGV[1]` = token, `ARGV[2]` = `quiet` or absent.
+/// Deletes the key only when it holds the token, and then, in the same
+/// script, publishes the release on the key's [`release_channel`] (see
+/// [`RELEASED`] for the message) unless `ARGV[2]` is `quiet`. Returns 1 when
+/// it deleted, 0 otherwise.
+///
+/// `quiet` is for the release of a failed attempt that never had a quorum:
+/// no waiter saw it as a holder, and waking waiters for it would only start
+/// rounds that find the real holder (two contenders' partial releases could
+/// wake each other forever).
+///
+/// The publish is a `pcall`: a user whose ACL denies `PUBLISH` on the
+/// channel still releases (its waiters fall back to the timed retry), and a
+/// channel nobody subscribes to costs the node a hash lookup.
 pub(crate) static UNLOCK: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r#"if redis.call("get", KEYS[1]) == ARGV[1] then
-    return redis.call("del", KEYS[1])
+    Script::new(&format!(
+        r#"{RELEASED}
+if redis.call("get", KEYS[1]) == ARGV[1] then
+    local deleted = redis.call("del", KEYS[1])
+    if ARGV[2] ~= "quiet" then
+        released(KEYS[1])
+    end
+    return deleted
 else
     return 0
-end"#,
-    )
+end"#
+    ))
 });
+
+/// The bytes after a lock key in the name of its release channel.
+const CHANNEL_SUFFIX: &[u8] = b"released";
+
+/// The channel on which the release of lock key `K` is published: `K`,
+/// then the byte `0xFF`, then `released`. Channels are a namespace apart
+/// from keys; within it, no channel name that is UTF-8 (any other client's
+/// channel named by a string) can equal it, because `0xFF` never occurs in
+/// UTF-8. A single standalone node understands it: plain `PUBLISH` and
+/// `SUBSCRIBE`, no hash slots.
+pub(crate) fn release_channel(lock_key: &str) -> Vec<u8> {
+    let mut channel = Vec::with_capacity(lock_key.len() + 1 + CHANNEL_SUFFIX.len());
+    channel.extend_from_slice(lock_key.as_bytes());
+    channel.push(SEPARATOR);
+    channel.extend_from_slice(CHANNEL_SUFFIX);
+    channel
+}
+
+/// The Lua helper of the unlock scripts: `released(key)` publishes on the
+/// key's [`release_channel`] (`"\255"` is the byte `0xFF`) a message that
+/// names the release without giving the token away: the first 16 hex digits
+/// of the SHA-1 of the token (`ARGV[1]`). One release is published on every
+/// node that deleted the key, with the same message, so a subscriber on
+/// several nodes counts it once.
+const RELEASED: &str = r#"local function released(key)
+    redis.pcall("publish", key .. "\255released", string.sub(redis.sha1hex(ARGV[1]), 1, 16))
+end"#;
 
 /// `KEYS[1]` = key, `ARGV[1]` = token, `ARGV[2]` = ttl in milliseconds.
 /// Where the key holds the token, resets its expiry and returns 1. Where the
@@ -295,21 +342,27 @@ if missing then
 end
 return 1"#;
 
-/// `KEYS` = the lock keys, `ARGV[1]` = token. Deletes every key that holds
-/// the token. Returns 1 when it deleted any, 0 otherwise.
+/// `KEYS` = the lock keys, `ARGV[1]` = token, `ARGV[2]` = `quiet` or absent.
+/// Deletes every key that holds the token, publishing each release as
+/// [`UNLOCK`] does. Returns 1 when it
+/// deleted any, 0 otherwise.
 pub(crate) static UNLOCK_MANY: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r#"local deleted = 0
+    Script::new(&format!(
+        r#"{RELEASED}
+local deleted = 0
 for _, key in ipairs(KEYS) do
     if redis.call("get", key) == ARGV[1] then
         deleted = deleted + redis.call("del", key)
+        if ARGV[2] ~= "quiet" then
+            released(key)
+        end
     end
 end
 if deleted > 0 then
     return 1
 end
-return 0"#,
-    )
+return 0"#
+    ))
 });
 
 /// `KEYS` = the lock keys, `ARGV[1]` = token. Returns 1 where every key

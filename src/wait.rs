@@ -1,0 +1,740 @@
+//! Event-driven waiting: a refused acquisition sleeps until the holder's
+//! release is published, the holder's keys expire, or its own patience runs
+//! out, whichever comes first, instead of polling.
+//!
+//! # The pieces
+//! - **A release notifies.** The unlock scripts publish, in the same script
+//!   as the delete, on the key's release channel
+//!   ([`scripts::release_channel`]). No extra round trip.
+//! - **A refusal tells how long.** An attempt that may wait sends
+//!   `PTTL key` right behind its `SET … NX PX … GET` in one pipeline (one
+//!   round trip); [`Pttls`] keeps what the refusing nodes said, and
+//!   [`expiry`] turns it into the instant a quorum of them will be free.
+//! - **Subscribe, then try.** The first refusal registers the waiter
+//!   ([`Waits::register`]), which subscribes the key's channel on every node
+//!   and waits for the confirmations; only then is the next attempt sent, so
+//!   a release between the refusal and the subscription is never slept
+//!   through.
+//! - **One subscription connection per node per manager**, shared by all
+//!   its waiters: a task per node ([`run_link`]) owns it, subscribes a
+//!   channel when its first waiter comes and unsubscribes it when the last
+//!   one leaves.
+//! - **One wake-up per release per manager.** A release is published on
+//!   every node that deleted the key, with the same message (a hash of the
+//!   token); each channel remembers the last messages and counts a release
+//!   once. It wakes the first waiter of the key that is not already woken,
+//!   in registration order. A waiter that leaves without the lock after it
+//!   was woken passes the wake-up to the next.
+//! - **Degrading.** A node whose subscription is denied (ACL), down, or
+//!   broken counts as unsubscribed. A waiter sleeps on notifications alone
+//!   only while a quorum of nodes confirmed its subscription: a release that
+//!   succeeded deleted the key on a quorum, and two quorums share a node, so
+//!   one of its messages reaches us. Otherwise it also sleeps at most the
+//!   timed retry pause (`retry_delay` + `retry_jitter`). Whenever a node's
+//!   subscription breaks or is made again, every waiter of the manager tries
+//!   once more (a release may have been missed in between).
+//! - **Foreign releases.** A client that deletes without publishing (another
+//!   Redlock library) is caught at the key's expiry and by the first waiter
+//!   of each key in each manager, which keeps the timed retry as a safety
+//!   net. The other waiters of that key sleep until a notification (which
+//!   that first waiter's own release, once it holds the lock, provides).
+//!
+//! # Fairness
+//! Within one manager, waiters of a key are woken in the order they
+//! registered (first refusal first), one per release. Across managers
+//! (processes) there is no order: every manager wakes one of its own and
+//! the first round to reach a quorum wins, which favours the clients with
+//! the shortest round trip. FIFO across processes would need one queue that
+//! every client agrees on; with independent nodes that is a consensus
+//! problem (the nodes may order two enqueues differently, and a majority
+//! vote on a queue position is another Redlock round per position), so it
+//! is not offered.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use redis::Value;
+use tokio::sync::{Notify, mpsc};
+use tokio::task::JoinHandle;
+
+use crate::node::Node;
+use crate::round::Request;
+use crate::scripts;
+use crate::tally::{Reply, quorum};
+
+/// How many release messages each channel remembers, to count a release
+/// published on several nodes once.
+const RECENT: usize = 16;
+/// The most channels one `SUBSCRIBE` names.
+const BATCH: usize = 512;
+/// The pause before a node whose subscription was denied is asked again.
+const DENIED_PAUSE: Duration = Duration::from_secs(30);
+/// The first pause before a broken subscription connection is made again.
+const FIRST_BACKOFF: Duration = Duration::from_millis(25);
+/// The longest such pause.
+const MAX_BACKOFF: Duration = Duration::from_secs(1);
+
+/// The remaining times to live the nodes that refused an attempt reported:
+/// `Some(ms)`, or `None` for a key without expiry.
+#[derive(Debug, Default)]
+pub(crate) struct Pttls(Mutex<Vec<Option<u64>>>);
+
+impl Pttls {
+    fn push(&self, pttl: i64) {
+        let pttl = match pttl {
+            // Gone since the SET: free now.
+            -2 => Some(0),
+            -1 => None,
+            n if n >= 0 => Some(n as u64),
+            _ => return,
+        };
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).push(pttl);
+    }
+
+    /// How long until a quorum of the nodes is free, as far as these replies
+    /// tell; see [`expiry`].
+    pub(crate) fn holder_expiry(&self, nodes: usize) -> Option<Duration> {
+        expiry(&self.0.lock().unwrap_or_else(|e| e.into_inner()), nodes)
+    }
+}
+
+/// How long until enough of the refusing nodes' keys have expired that,
+/// with the nodes that did not refuse, a quorum is free: the k-th smallest
+/// ttl, plus a millisecond for the node's rounding. Nodes that did not
+/// refuse are taken as free (waking early costs one round; waking late is
+/// what must not happen). `None` when that key has no expiry.
+pub(crate) fn expiry(pttls: &[Option<u64>], nodes: usize) -> Option<Duration> {
+    let mut sorted = pttls.to_vec();
+    sorted.sort_by_key(|p| p.unwrap_or(u64::MAX));
+    let free = nodes.saturating_sub(sorted.len());
+    let more = quorum(nodes).saturating_sub(free).max(1);
+    let ms = sorted.get(more - 1).copied().flatten()?;
+    Some(Duration::from_millis(ms.saturating_add(1)))
+}
+
+/// The acquisition of one key when the caller may wait:
+/// `SET key token NX PX ttl GET` then `PTTL key`, in one pipeline.
+pub(crate) fn acquire_request(key: &str, token: &str, millis: u64) -> Request {
+    let mut pipe = redis::pipe();
+    pipe.cmd("SET")
+        .arg(key)
+        .arg(token)
+        .arg("NX")
+        .arg("PX")
+        .arg(millis)
+        .arg("GET")
+        .cmd("PTTL")
+        .arg(key)
+        .ignore_errors();
+    Request::Pipe(Arc::new(pipe))
+}
+
+/// Reads the reply of [`acquire_request`]: the `SET`'s reply by `read`, and
+/// where it refused, the `PTTL` into `pttls` (a `PTTL` the ACL denies is
+/// left out: the expiry is then unknown).
+pub(crate) fn read_acquire<'a, F>(
+    pttls: &'a Pttls,
+    read: F,
+) -> impl Fn(&Value) -> Result<Reply, String> + 'a
+where
+    F: Fn(&Value) -> Result<Reply, String> + 'a,
+{
+    move |value| match value {
+        Value::Array(parts) if parts.len() == 2 => {
+            let reply = read(&parts[0])?;
+            if let (Reply::Refused { .. }, Value::Int(pttl)) = (&reply, &parts[1]) {
+                pttls.push(*pttl);
+            }
+            Ok(reply)
+        }
+        other => Err(format!("{other:?}")),
+    }
+}
+
+/// The waiters of one manager and its subscription connections.
+#[derive(Debug)]
+pub(crate) struct Waits {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    nodes: Vec<Arc<Node>>,
+    /// Never held across an await.
+    state: Mutex<State>,
+    /// Notified whenever a subscription was confirmed or a link changed
+    /// status.
+    changed: Notify,
+}
+
+impl std::fmt::Debug for Shared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let state = self.lock();
+        f.debug_struct("Waits")
+            .field("channels", &state.channels.len())
+            .finish()
+    }
+}
+
+struct State {
+    channels: HashMap<Vec<u8>, Channel>,
+    links: Vec<Link>,
+    next_id: u64,
+}
+
+/// One key's release channel: its waiters in registration order.
+struct Channel {
+    waiters: VecDeque<Slot>,
+    /// Per node: whether the link confirmed the subscription.
+    subscribed: Vec<bool>,
+    /// The last release messages seen on it.
+    recent: VecDeque<Vec<u8>>,
+}
+
+struct Slot {
+    id: u64,
+    wake: Arc<Notify>,
+    /// Woken by a release and not yet awake to it.
+    woken: bool,
+}
+
+#[derive(Default)]
+struct Link {
+    /// Channels whose wanted state may have changed.
+    dirty: Option<mpsc::UnboundedSender<Vec<u8>>>,
+    task: Option<JoinHandle<()>>,
+    status: Status,
+}
+
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+enum Status {
+    #[default]
+    Connecting,
+    Up,
+    /// Unreachable, broken, or subscription denied.
+    Down,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // Every write under it is a single insert, remove or assignment; a
+        // panic cannot leave it inconsistent.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl Channel {
+    /// Wakes the first waiter not already woken.
+    fn wake_one(&mut self) {
+        if let Some(slot) = self.waiters.iter_mut().find(|s| !s.woken) {
+            slot.woken = true;
+            slot.wake.notify_one();
+        }
+    }
+}
+
+impl Waits {
+    pub(crate) fn new(nodes: Vec<Arc<Node>>) -> Self {
+        let links = nodes.iter().map(|_| Link::default()).collect();
+        Waits {
+            shared: Arc::new(Shared {
+                nodes,
+                state: Mutex::new(State {
+                    channels: HashMap::new(),
+                    links,
+                    next_id: 0,
+                }),
+                changed: Notify::new(),
+            }),
+        }
+    }
+
+    /// How many release channels have waiters, and per node how many of
+    /// them are subscribed (for tests and `Debug`).
+    #[cfg(test)]
+    fn channels(&self) -> usize {
+        self.shared.lock().channels.len()
+    }
+
+    /// Registers a waiter for `keys`, subscribes their release channels on
+    /// every node where they are not yet, and waits (at most `within`) until
+    /// each node confirmed or is known to be unavailable.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe: a dropped registration leaves (and unsubscribes what no
+    /// other waiter needs) at once.
+    pub(crate) async fn register(&self, keys: &[String], within: Duration) -> Registration {
+        let channels: Vec<Vec<u8>> = keys.iter().map(|k| scripts::release_channel(k)).collect();
+        let wake = Arc::new(Notify::new());
+        let id = {
+            let mut state = self.shared.lock();
+            ensure_links(&self.shared, &mut state);
+            let id = state.next_id;
+            state.next_id += 1;
+            let nodes = self.shared.nodes.len();
+            let State {
+                channels: all,
+                links,
+                ..
+            } = &mut *state;
+            for channel in &channels {
+                let entry = all.entry(channel.clone()).or_insert_with(|| {
+                    for link in links.iter() {
+                        if let Some(dirty) = &link.dirty {
+                            let _ = dirty.send(channel.clone());
+                        }
+                    }
+                    Channel {
+                        waiters: VecDeque::new(),
+                        subscribed: vec![false; nodes],
+                        recent: VecDeque::new(),
+                    }
+                });
+                entry.waiters.push_back(Slot {
+                    id,
+                    wake: wake.clone(),
+                    woken: false,
+                });
+            }
+            id
+        };
+        let registration = Registration {
+            shared: self.shared.clone(),
+            id,
+            channels,
+            wake,
+            owes: false,
+            granted: false,
+        };
+        let _ = tokio::time::timeout(within, registration.confirmed()).await;
+        registration
+    }
+}
+
+/// Starts the link task of every node that has none running (none yet, or
+/// it died with the runtime it ran on).
+fn ensure_links(shared: &Arc<Shared>, state: &mut State) {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    for index in 0..state.links.len() {
+        if state.links[index]
+            .task
+            .as_ref()
+            .is_some_and(|t| !t.is_finished())
+        {
+            continue;
+        }
+        // A new task knows no subscription of the old one.
+        for channel in state.channels.values_mut() {
+            channel.subscribed[index] = false;
+        }
+        let (dirty, changes) = mpsc::unbounded_channel();
+        let link = &mut state.links[index];
+        link.dirty = Some(dirty);
+        link.status = Status::Connecting;
+        link.task = Some(runtime.spawn(run_link(Arc::downgrade(shared), index, changes)));
+    }
+}
+
+/// One waiter's place in the queues of its keys. Leaves them when dropped.
+#[derive(Debug)]
+pub(crate) struct Registration {
+    shared: Arc<Shared>,
+    id: u64,
+    channels: Vec<Vec<u8>>,
+    wake: Arc<Notify>,
+    /// Woke to a release and has not seen a holder since: leaving without
+    /// the lock passes that wake-up on.
+    owes: bool,
+    granted: bool,
+}
+
+impl Registration {
+    /// Waits until every node confirmed this waiter's channels or is down.
+    async fn confirmed(&self) {
+        loop {
+            let changed = self.shared.changed.notified();
+            let mut changed = std::pin::pin!(changed);
+            changed.as_mut().enable();
+            if self.all_confirmed() {
+                return;
+            }
+            changed.await;
+        }
+    }
+
+    fn all_confirmed(&self) -> bool {
+        let state = self.shared.lock();
+        self.channels.iter().all(|channel| {
+            state.channels.get(channel).is_none_or(|c| {
+                c.subscribed
+                    .iter()
+                    .zip(&state.links)
+                    .all(|(s, l)| *s || l.status == Status::Down)
+            })
+        })
+    }
+
+    /// On how many nodes every channel of this waiter is subscribed.
+    pub(crate) fn subscribed_on(&self) -> usize {
+        let state = self.shared.lock();
+        (0..self.shared.nodes.len())
+            .filter(|&i| {
+                self.channels
+                    .iter()
+                    .all(|c| state.channels.get(c).is_some_and(|c| c.subscribed[i]))
+            })
+            .count()
+    }
+
+    /// Whether this waiter is the first of any of its keys' queues: that one
+    /// keeps the timed retry as a safety net for releases nobody publishes.
+    pub(crate) fn is_first(&self) -> bool {
+        let state = self.shared.lock();
+        self.channels.iter().any(|c| {
+            state
+                .channels
+                .get(c)
+                .and_then(|c| c.waiters.front())
+                .is_some_and(|s| s.id == self.id)
+        })
+    }
+
+    /// The last attempt found a holder: any wake-up this waiter had was
+    /// used.
+    pub(crate) fn saw_holder(&mut self) {
+        self.owes = false;
+    }
+
+    /// Sleeps until a release wakes this waiter (`true`) or until `at`
+    /// (`false`). A wake-up that came while the waiter was not sleeping (in
+    /// an attempt) is kept and ends the next sleep at once.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe: a wake-up is consumed only when this returns `true`.
+    pub(crate) async fn sleep_until(&mut self, at: Instant) -> bool {
+        let woke = tokio::select! {
+            _ = self.wake.notified() => true,
+            _ = tokio::time::sleep_until(at.into()) => false,
+        };
+        if woke {
+            self.owes = true;
+            let mut state = self.shared.lock();
+            for channel in &self.channels {
+                if let Some(entry) = state.channels.get_mut(channel)
+                    && let Some(slot) = entry.waiters.iter_mut().find(|s| s.id == self.id)
+                {
+                    slot.woken = false;
+                }
+            }
+        }
+        woke
+    }
+
+    /// Leaves the queues with the lock: nothing is passed on (the holder's
+    /// release will wake the next waiter).
+    pub(crate) fn granted(mut self) {
+        self.granted = true;
+    }
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        let mut state = self.shared.lock();
+        let State {
+            channels: all,
+            links,
+            ..
+        } = &mut *state;
+        for channel in &self.channels {
+            let Some(entry) = all.get_mut(channel) else {
+                continue;
+            };
+            let Some(at) = entry.waiters.iter().position(|s| s.id == self.id) else {
+                continue;
+            };
+            let slot = entry.waiters.remove(at).expect("found above");
+            if !self.granted && (slot.woken || self.owes) {
+                entry.wake_one();
+            }
+            if entry.waiters.is_empty() {
+                all.remove(channel);
+                for link in links.iter() {
+                    if let Some(dirty) = &link.dirty {
+                        let _ = dirty.send(channel.clone());
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Wakes every waiter of every channel: a node's subscription broke or was
+/// made again, and a release may have been missed in between.
+fn wake_all(state: &State) {
+    for channel in state.channels.values() {
+        for slot in &channel.waiters {
+            slot.wake.notify_one();
+        }
+    }
+}
+
+/// Counts a release message: once per release, however many nodes publish
+/// it, waking one waiter.
+fn deliver(shared: &Shared, channel: &[u8], message: &[u8]) {
+    let mut state = shared.lock();
+    let Some(entry) = state.channels.get_mut(channel) else {
+        return;
+    };
+    if entry.recent.iter().any(|m| m == message) {
+        return;
+    }
+    if entry.recent.len() == RECENT {
+        entry.recent.pop_front();
+    }
+    entry.recent.push_back(message.to_vec());
+    entry.wake_one();
+}
+
+/// Sets node `index`'s status and, when it went down, forgets its
+/// subscriptions.
+fn set_status(shared: &Shared, index: usize, status: Status) {
+    let mut state = shared.lock();
+    state.links[index].status = status;
+    if status == Status::Down {
+        for channel in state.channels.values_mut() {
+            channel.subscribed[index] = false;
+        }
+    }
+    drop(state);
+    shared.changed.notify_waiters();
+}
+
+/// Why a link's connection ended.
+enum Ended {
+    /// The manager is gone.
+    Closed,
+    /// The node denied a subscription (ACL).
+    Denied,
+    /// Connecting failed, or the connection broke.
+    Broken,
+}
+
+/// The task behind one node's subscription connection: connects, subscribes
+/// every channel that has waiters, then delivers messages and follows the
+/// channels' changes, until the connection breaks (then again, after a
+/// backoff) or the manager is dropped (it holds only a weak reference).
+async fn run_link(
+    shared: Weak<Shared>,
+    index: usize,
+    mut changes: mpsc::UnboundedReceiver<Vec<u8>>,
+) {
+    let mut backoff = FIRST_BACKOFF;
+    let mut was_up = false;
+    loop {
+        let Some(node) = shared.upgrade().map(|s| s.nodes[index].clone()) else {
+            return;
+        };
+        let ended = match node.pubsub().await {
+            Err(_) => Ended::Broken,
+            Ok(pubsub) => {
+                let ended = serve(&shared, index, pubsub, &mut changes, &mut was_up).await;
+                if was_up {
+                    backoff = FIRST_BACKOFF;
+                }
+                ended
+            }
+        };
+        let pause = match ended {
+            Ended::Closed => return,
+            Ended::Denied => DENIED_PAUSE,
+            Ended::Broken => backoff,
+        };
+        let Some(strong) = shared.upgrade() else {
+            return;
+        };
+        set_status(&strong, index, Status::Down);
+        if was_up {
+            wake_all(&strong.lock());
+        }
+        drop(strong);
+        crate::trace::debug!(
+            node = node.label(),
+            denied = matches!(ended, Ended::Denied),
+            ?pause,
+            "release subscriptions unavailable; waiters use the timed retry"
+        );
+        tokio::select! {
+            _ = tokio::time::sleep(pause) => {}
+            _ = async { while changes.recv().await.is_some() {} } => return,
+        }
+        backoff = (backoff * 2).min(MAX_BACKOFF);
+    }
+}
+
+/// Runs one subscription connection until it ends.
+async fn serve(
+    shared: &Weak<Shared>,
+    index: usize,
+    pubsub: redis::aio::PubSub,
+    changes: &mut mpsc::UnboundedReceiver<Vec<u8>>,
+    was_up: &mut bool,
+) -> Ended {
+    let (mut sink, mut stream) = pubsub.split();
+    let mut actual: HashSet<Vec<u8>> = HashSet::new();
+    let wanted: Vec<Vec<u8>> = match shared.upgrade() {
+        Some(s) => s.lock().channels.keys().cloned().collect(),
+        None => return Ended::Closed,
+    };
+    if let Err(ended) = subscribe(shared, index, &mut sink, &mut actual, wanted).await {
+        return ended;
+    }
+    let Some(strong) = shared.upgrade() else {
+        return Ended::Closed;
+    };
+    set_status(&strong, index, Status::Up);
+    if *was_up {
+        // Made again: a release may have come while it was down.
+        wake_all(&strong.lock());
+    }
+    drop(strong);
+    *was_up = true;
+    loop {
+        tokio::select! {
+            message = stream.next() => {
+                let Some(message) = message else {
+                    return Ended::Broken;
+                };
+                let Some(strong) = shared.upgrade() else {
+                    return Ended::Closed;
+                };
+                if let Ok(channel) = message.get_channel::<Vec<u8>>() {
+                    deliver(&strong, &channel, message.get_payload_bytes());
+                }
+            }
+            change = changes.recv() => {
+                let Some(first) = change else {
+                    return Ended::Closed;
+                };
+                let mut batch: HashSet<Vec<u8>> = HashSet::from([first]);
+                while let Ok(more) = changes.try_recv() {
+                    batch.insert(more);
+                }
+                let Some(strong) = shared.upgrade() else {
+                    return Ended::Closed;
+                };
+                let (add, remove): (Vec<_>, Vec<_>) = {
+                    let state = strong.lock();
+                    batch
+                        .into_iter()
+                        .filter(|c| state.channels.contains_key(c) != actual.contains(c))
+                        .partition(|c| state.channels.contains_key(c))
+                };
+                drop(strong);
+                for chunk in remove.chunks(BATCH) {
+                    if sink.unsubscribe(chunk).await.is_err() {
+                        return Ended::Broken;
+                    }
+                    for c in chunk {
+                        actual.remove(c);
+                    }
+                }
+                if let Err(ended) = subscribe(shared, index, &mut sink, &mut actual, add).await {
+                    return ended;
+                }
+            }
+        }
+    }
+}
+
+/// Subscribes `channels` in batches and marks them confirmed on node
+/// `index`.
+async fn subscribe(
+    shared: &Weak<Shared>,
+    index: usize,
+    sink: &mut redis::aio::PubSubSink,
+    actual: &mut HashSet<Vec<u8>>,
+    channels: Vec<Vec<u8>>,
+) -> Result<(), Ended> {
+    for chunk in channels.chunks(BATCH) {
+        if let Err(e) = sink.subscribe(chunk).await {
+            return Err(if e.code() == Some("NOPERM") {
+                Ended::Denied
+            } else {
+                Ended::Broken
+            });
+        }
+        actual.extend(chunk.iter().cloned());
+        let Some(strong) = shared.upgrade() else {
+            return Err(Ended::Closed);
+        };
+        let mut state = strong.lock();
+        for channel in chunk {
+            if let Some(entry) = state.channels.get_mut(channel) {
+                entry.subscribed[index] = true;
+            }
+        }
+        drop(state);
+        strong.changed.notify_waiters();
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn expiry_waits_for_a_quorum_of_refusing_nodes() {
+        let ms = |n| Some(Duration::from_millis(n));
+        // 5 nodes, all refused: the third key to expire frees a quorum.
+        assert_eq!(
+            expiry(&[Some(50), Some(10), Some(30), Some(20), Some(40)], 5),
+            ms(31)
+        );
+        // 2 nodes did not refuse (taken as free): the first expiry suffices.
+        assert_eq!(expiry(&[Some(50), Some(10), Some(30)], 5), ms(11));
+        // A key without expiry among those needed: unknown.
+        assert_eq!(expiry(&[None, None, None, Some(1), Some(2)], 5), None);
+        assert_eq!(expiry(&[None, Some(1), Some(2), None, None], 5), None);
+        assert_eq!(expiry(&[None, Some(1), Some(2)], 5), ms(2));
+        // Gone already.
+        assert_eq!(expiry(&[Some(0)], 1), ms(1));
+        assert_eq!(expiry(&[], 3), None);
+    }
+
+    #[test]
+    fn pttl_replies_are_read() {
+        let pttls = Pttls::default();
+        for p in [-2, -1, 7, -5] {
+            pttls.push(p);
+        }
+        assert_eq!(
+            *pttls.0.lock().unwrap(),
+            vec![Some(0), None, Some(7)],
+            "-5 is no PTTL reply"
+        );
+    }
+
+    #[test]
+    fn the_first_waiter_not_woken_is_woken() {
+        let slot = |id| Slot {
+            id,
+            wake: Arc::new(Notify::new()),
+            woken: false,
+        };
+        let mut channel = Channel {
+            waiters: VecDeque::from([slot(0), slot(1)]),
+            subscribed: vec![],
+            recent: VecDeque::new(),
+        };
+        channel.wake_one();
+        channel.wake_one();
+        channel.wake_one();
+        assert!(channel.waiters.iter().all(|s| s.woken));
+        let waits = Waits::new(Vec::new());
+        assert_eq!(waits.channels(), 0);
+    }
+}
