@@ -23,8 +23,10 @@
 //!   every node that deleted the key, with the same message (a hash of the
 //!   token); each channel remembers the last messages and counts a release
 //!   once. It wakes the first waiter of the key that is not already woken,
-//!   in registration order. A waiter that leaves without the lock after it
-//!   was woken passes the wake-up to the next.
+//!   in registration order; the copies from the other nodes go to the same
+//!   waiter (its attempt may have overtaken the release on those nodes and
+//!   found the old holder there: it tries again). A waiter that leaves
+//!   without the lock after it was woken passes the wake-up to the next.
 //! - **Degrading.** A node whose subscription is denied (ACL), down, or
 //!   broken counts as unsubscribed. A waiter sleeps on notifications alone
 //!   only while a quorum of nodes confirmed its subscription: a release that
@@ -188,8 +190,8 @@ struct Channel {
     waiters: VecDeque<Slot>,
     /// Per node: whether the link confirmed the subscription.
     subscribed: Vec<bool>,
-    /// The last release messages seen on it.
-    recent: VecDeque<Vec<u8>>,
+    /// The last release messages seen on it, and the waiter each woke.
+    recent: VecDeque<(Vec<u8>, u64)>,
 }
 
 struct Slot {
@@ -225,12 +227,12 @@ impl Shared {
 }
 
 impl Channel {
-    /// Wakes the first waiter not already woken.
-    fn wake_one(&mut self) {
-        if let Some(slot) = self.waiters.iter_mut().find(|s| !s.woken) {
-            slot.woken = true;
-            slot.wake.notify_one();
-        }
+    /// Wakes the first waiter not already woken; returns its id.
+    fn wake_one(&mut self) -> Option<u64> {
+        let slot = self.waiters.iter_mut().find(|s| !s.woken)?;
+        slot.woken = true;
+        slot.wake.notify_one();
+        Some(slot.id)
     }
 }
 
@@ -457,7 +459,7 @@ impl Drop for Registration {
             };
             let slot = entry.waiters.remove(at).expect("found above");
             if !self.granted && (slot.woken || self.owes) {
-                entry.wake_one();
+                let _ = entry.wake_one();
             }
             if entry.waiters.is_empty() {
                 all.remove(channel);
@@ -488,14 +490,24 @@ fn deliver(shared: &Shared, channel: &[u8], message: &[u8]) {
     let Some(entry) = state.channels.get_mut(channel) else {
         return;
     };
-    if entry.recent.iter().any(|m| m == message) {
+    if let Some((_, woke)) = entry.recent.iter().find(|(m, _)| m == message) {
+        // The same release from another node: it goes to the waiter the
+        // first copy woke. That waiter's attempt may have reached this node
+        // before the release did and found the old holder; it tries again.
+        // If that waiter left with the lock, the release is used up; if it
+        // left without, it passed the wake-up on already.
+        let woke = *woke;
+        if let Some(slot) = entry.waiters.iter_mut().find(|s| s.id == woke) {
+            slot.woken = true;
+            slot.wake.notify_one();
+        }
         return;
     }
     if entry.recent.len() == RECENT {
         entry.recent.pop_front();
     }
-    entry.recent.push_back(message.to_vec());
-    entry.wake_one();
+    let woke = entry.wake_one();
+    entry.recent.push_back((message.to_vec(), woke.unwrap_or(u64::MAX)));
 }
 
 /// Sets node `index`'s status and, when it went down, forgets its
@@ -730,9 +742,9 @@ mod tests {
             subscribed: vec![],
             recent: VecDeque::new(),
         };
-        channel.wake_one();
-        channel.wake_one();
-        channel.wake_one();
+        assert_eq!(channel.wake_one(), Some(0));
+        assert_eq!(channel.wake_one(), Some(1));
+        assert_eq!(channel.wake_one(), None);
         assert!(channel.waiters.iter().all(|s| s.woken));
         let waits = Waits::new(Vec::new());
         assert_eq!(waits.channels(), 0);

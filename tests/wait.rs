@@ -1,0 +1,440 @@
+//! Event-driven waiting (issue 10), on real servers: a release wakes a
+//! waiter at once, a crashed holder's lock is taken at its expiry, hand-offs
+//! under contention stay mutually exclusive, and the subscriptions degrade
+//! (ACL, killed connections) and clean up (cancelled waiters) as documented.
+//!
+//! The waiters here use a timed retry far longer than what each test
+//! measures, so that only a notification or the expiry can explain a fast
+//! grant: the tests fail if either one is broken.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use redlock_harness::checker::Checker;
+use redlock_harness::{Cluster, resource};
+use redlock_quorum::{Error, Redlock};
+
+const TTL: Duration = Duration::from_secs(10);
+
+/// A manager whose timed retry is `poll` (no jitter): a grant sooner than
+/// that after a release or an expiry came from the event path.
+fn slow_poller(cluster: &Cluster, poll: Duration) -> Redlock {
+    cluster
+        .builder()
+        .retry_delay(poll)
+        .retry_jitter(Duration::ZERO)
+        .build()
+        .unwrap()
+}
+
+/// The release channel of a lock key: the key, `0xFF`, `released`.
+fn channel(key: &str) -> Vec<u8> {
+    let mut c = key.as_bytes().to_vec();
+    c.push(0xFF);
+    c.extend_from_slice(b"released");
+    c
+}
+
+/// How many subscribers node `i` counts on `channel`.
+fn numsub(cluster: &Cluster, i: usize, channel: &[u8]) -> i64 {
+    let (_, n): (Vec<u8>, i64) = redis::cmd("PUBSUB")
+        .arg("NUMSUB")
+        .arg(channel)
+        .query(&mut cluster.conn(i))
+        .unwrap();
+    n
+}
+
+/// How many release channels node `i` has subscribers on.
+fn release_channels(cluster: &Cluster, i: usize) -> usize {
+    let channels: Vec<Vec<u8>> = redis::cmd("PUBSUB")
+        .arg("CHANNELS")
+        .arg("*released")
+        .query(&mut cluster.conn(i))
+        .unwrap();
+    channels.len()
+}
+
+/// How many pub/sub connections node `i` has.
+fn pubsub_clients(cluster: &Cluster, i: usize) -> usize {
+    let list: String = redis::cmd("CLIENT")
+        .arg("LIST")
+        .arg("TYPE")
+        .arg("pubsub")
+        .query(&mut cluster.conn(i))
+        .unwrap();
+    list.lines().filter(|l| !l.is_empty()).count()
+}
+
+fn subscribed_everywhere(cluster: &Cluster, key: &str, n: i64) -> bool {
+    let c = channel(key);
+    cluster.eventually(Duration::from_secs(3), |cl| {
+        (0..cl.len()).all(|i| numsub(cl, i, &c) == n)
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_wakes_a_waiter_in_another_manager_at_once() {
+    let cluster = Cluster::start(3);
+    let holder = cluster.redlock();
+    let waiter = slow_poller(&cluster, Duration::from_secs(5));
+    let res = resource("wake");
+    let lock = holder.lock(&res, TTL).await.unwrap();
+    let waiting = {
+        let (waiter, res) = (waiter.clone(), res.clone());
+        tokio::spawn(async move {
+            let lock = waiter
+                .lock_within(&res, TTL, Duration::from_secs(8))
+                .await;
+            (lock, Instant::now())
+        })
+    };
+    assert!(subscribed_everywhere(&cluster, &res, 1), "the waiter subscribed on every node");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let released = Instant::now();
+    holder.unlock(&lock).await.unwrap();
+    let (lock, granted) = waiting.await.unwrap();
+    let lock = lock.expect("the waiter gets the lock");
+    let gap = granted - released;
+    println!("release -> grant in another manager: {gap:?}");
+    assert!(gap < Duration::from_millis(250), "woken by the release, not the 5 s poll: {gap:?}");
+    waiter.unlock(&lock).await.unwrap();
+    // The waiter left: its subscription goes with it.
+    assert!(subscribed_everywhere(&cluster, &res, 0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crashed_holder_is_succeeded_at_its_expiry() {
+    let cluster = Cluster::start(3);
+    let waiter = slow_poller(&cluster, Duration::from_secs(5));
+    let res = resource("crashed");
+    // A holder that never releases: its keys, planted, expire in 600 ms.
+    let planted = Instant::now();
+    cluster.plant(&[0, 1, 2], &res, "crashed-holder", Duration::from_millis(600));
+    let planted_in = planted.elapsed();
+    let lock = waiter
+        .lock_within(&res, TTL, Duration::from_secs(4))
+        .await
+        .expect("the waiter gets the lock at the expiry");
+    let waited = lock.started_at() - planted;
+    println!("planted in {planted_in:?}; granted round started {waited:?} after planting (expiry at 600 ms)");
+    assert!(waited >= Duration::from_millis(590), "not before the expiry: {waited:?}");
+    assert!(
+        waited <= Duration::from_millis(600) + planted_in + Duration::from_millis(40),
+        "within a few ms of the expiry, not at the 5 s poll: {waited:?}"
+    );
+    waiter.unlock(&lock).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hand_offs_under_contention_are_mutually_exclusive() {
+    let cluster = Cluster::start(3);
+    let res = resource("handoff");
+    let checker = Arc::new(Checker::default());
+    let grants = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    const PER_TASK: usize = 15;
+    let mut tasks = Vec::new();
+    // 3 managers with 4 contenders each, default retry settings: the
+    // hand-offs go through notifications, within and across managers.
+    for m in 0..3 {
+        let redlock = Redlock::builder(cluster.urls().iter().map(String::as_str))
+            .node_timeout(Duration::from_millis(500))
+            .build()
+            .unwrap();
+        for t in 0..4 {
+            let (redlock, res, checker, grants) =
+                (redlock.clone(), res.clone(), checker.clone(), grants.clone());
+            tasks.push(tokio::spawn(async move {
+                let holder = format!("m{m}t{t}");
+                for _ in 0..PER_TASK {
+                    let lock = redlock
+                        .lock_within(&res, Duration::from_secs(2), Duration::from_secs(30))
+                        .await
+                        .expect("every contender gets its turns");
+                    let granted = Instant::now();
+                    checker.section(&holder, true);
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                    checker.section(&holder, false);
+                    let ended = Instant::now().min(lock.expires_at());
+                    checker.record(&holder, lock.token(), granted, ended);
+                    grants.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    redlock.unlock(&lock).await.unwrap();
+                }
+            }));
+        }
+    }
+    let started = Instant::now();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let n = grants.load(std::sync::atomic::Ordering::Relaxed);
+    println!("{n} grants among 12 contenders in 3 managers in {:?}", started.elapsed());
+    assert_eq!(n, 12 * PER_TASK);
+    assert_eq!(checker.len(), n);
+    assert_eq!(checker.violations(), 0, "overlaps: {:?}", checker.overlaps());
+    assert!(subscribed_everywhere(&cluster, &res, 0), "no subscription left behind");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiting_works_when_an_acl_denies_pub_sub() {
+    let cluster = Cluster::start(3);
+    // The README's minimal rule, with PTTL but without PUBLISH, SUBSCRIBE or
+    // any channel.
+    let rule = [
+        "on", ">pw", "resetkeys", "~app:*", "resetchannels", "-@all", "+set", "+get", "+del",
+        "+pexpire", "+pttl", "+time", "+eval", "+evalsha", "+script|load",
+    ];
+    for i in 0..3 {
+        let _: () = redis::cmd("ACL")
+            .arg("SETUSER")
+            .arg("locker")
+            .arg(&rule[..])
+            .query(&mut cluster.conn(i))
+            .unwrap();
+    }
+    let urls: Vec<String> = cluster
+        .urls()
+        .iter()
+        .map(|u| u.replacen("redis://", "redis://locker:pw@", 1))
+        .collect();
+    let build = || {
+        Redlock::builder(urls.iter().map(String::as_str))
+            .key_prefix("app:")
+            .node_timeout(Duration::from_millis(500))
+            .retry_delay(Duration::from_millis(100))
+            .retry_jitter(Duration::ZERO)
+            .build()
+            .unwrap()
+    };
+    let (holder, waiter) = (build(), build());
+    let res = resource("acl-wait");
+    let lock = holder.lock(&res, TTL).await.unwrap();
+    let waiting = {
+        let (waiter, res) = (waiter.clone(), res.clone());
+        tokio::spawn(async move { waiter.lock_within(&res, TTL, Duration::from_secs(5)).await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The publish inside the unlock script is denied: the release still
+    // succeeds.
+    assert_eq!(holder.unlock(&lock).await.unwrap(), 3);
+    let released = Instant::now();
+    let lock = waiting.await.unwrap().expect("the fallback retry gets it; no error leaks out");
+    let gap = released.elapsed();
+    println!("ACL without pub/sub: release -> grant {gap:?} (timed retry every 100 ms)");
+    assert!(gap < Duration::from_millis(600), "{gap:?}");
+    waiter.unlock(&lock).await.unwrap();
+    for i in 0..3 {
+        assert_eq!(release_channels(&cluster, i), 0);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_subscriptions_are_made_again_and_waiters_still_get_the_lock() {
+    let cluster = Cluster::start(3);
+    let holder = cluster.redlock();
+    let waiter = slow_poller(&cluster, Duration::from_secs(5));
+    let res = resource("killed");
+    let mut lock = holder.lock(&res, TTL).await.unwrap();
+    let spawn_waiter = |res: String| {
+        let waiter = waiter.clone();
+        tokio::spawn(async move {
+            let lock = waiter.lock_within(&res, TTL, Duration::from_secs(10)).await?;
+            let got = Instant::now();
+            waiter.unlock(&lock).await?;
+            Ok::<_, Error>(got)
+        })
+    };
+    let waiters: Vec<_> = (0..3).map(|_| spawn_waiter(res.clone())).collect();
+    assert!(subscribed_everywhere(&cluster, &res, 1), "one subscription per node for 3 waiters");
+    for i in 0..3 {
+        let killed: i64 = redis::cmd("CLIENT")
+            .arg("KILL")
+            .arg("TYPE")
+            .arg("pubsub")
+            .query(&mut cluster.conn(i))
+            .unwrap();
+        assert_eq!(killed, 1, "the manager's one subscription connection on node {i}");
+    }
+    // The waiters retry when a subscription breaks: they find the lock still
+    // held, and the subscriptions are made again.
+    assert!(subscribed_everywhere(&cluster, &res, 1), "resubscribed on every node");
+    // Held a while longer, then released: all three get it in turn, through
+    // the new subscriptions (the timed retry is 5 s).
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    lock = holder.extend(&lock, TTL).await.unwrap();
+    let released = Instant::now();
+    holder.unlock(&lock).await.unwrap();
+    for w in waiters {
+        let got = w.await.unwrap().expect("each waiter gets the lock");
+        assert!(got - released < Duration::from_secs(2), "{:?}", got - released);
+    }
+    println!("3 waiters served {:?} after the release", released.elapsed());
+    // A later waiter subscribes on the connection made again.
+    let lock = holder.lock(&res, TTL).await.unwrap();
+    let later = spawn_waiter(res.clone());
+    assert!(subscribed_everywhere(&cluster, &res, 1), "a later waiter resubscribes");
+    for i in 0..3 {
+        assert_eq!(pubsub_clients(&cluster, i), 1, "one subscription connection per node");
+    }
+    let released = Instant::now();
+    holder.unlock(&lock).await.unwrap();
+    let got = later.await.unwrap().unwrap();
+    assert!(got - released < Duration::from_millis(500), "{:?}", got - released);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_waiter_leaves_no_subscription() {
+    let cluster = Cluster::start(3);
+    let holder = cluster.redlock();
+    let waiter = slow_poller(&cluster, Duration::from_secs(5));
+    let res = resource("cancelled");
+    let lock = holder.lock(&res, TTL).await.unwrap();
+    let task = {
+        let (waiter, res) = (waiter.clone(), res.clone());
+        tokio::spawn(async move { waiter.lock_within(&res, TTL, Duration::from_secs(10)).await })
+    };
+    assert!(subscribed_everywhere(&cluster, &res, 1));
+    task.abort();
+    assert!(task.await.unwrap_err().is_cancelled());
+    assert!(subscribed_everywhere(&cluster, &res, 0), "unsubscribed once no waiter remains");
+    for i in 0..3 {
+        assert_eq!(release_channels(&cluster, i), 0, "no release channel left on node {i}");
+    }
+    // A second waiter of the same key, after the first left: a new
+    // subscription, and the release reaches it.
+    let task = {
+        let (waiter, res) = (waiter.clone(), res.clone());
+        tokio::spawn(async move { waiter.lock_within(&res, TTL, Duration::from_secs(10)).await })
+    };
+    assert!(subscribed_everywhere(&cluster, &res, 1));
+    let released = Instant::now();
+    holder.unlock(&lock).await.unwrap();
+    let lock = task.await.unwrap().unwrap();
+    assert!(released.elapsed() < Duration::from_millis(500));
+    waiter.unlock(&lock).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_woken_waiter_passes_the_wake_up_on() {
+    let cluster = Cluster::start(3);
+    let holder = cluster.redlock();
+    let waiter = slow_poller(&cluster, Duration::from_secs(5));
+    let res = resource("pass-on");
+    let lock = holder.lock(&res, TTL).await.unwrap();
+    let first = {
+        let (waiter, res) = (waiter.clone(), res.clone());
+        tokio::spawn(async move { waiter.lock_within(&res, TTL, Duration::from_secs(10)).await })
+    };
+    assert!(subscribed_everywhere(&cluster, &res, 1));
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let second = {
+        let (waiter, res) = (waiter.clone(), res.clone());
+        tokio::spawn(async move { waiter.lock_within(&res, TTL, Duration::from_secs(10)).await })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // The first waiter is gone before the release; the release wakes the
+    // second.
+    first.abort();
+    let _ = first.await;
+    let released = Instant::now();
+    holder.unlock(&lock).await.unwrap();
+    let lock = second.await.unwrap().unwrap();
+    assert!(released.elapsed() < Duration::from_millis(500), "{:?}", released.elapsed());
+    waiter.unlock(&lock).await.unwrap();
+}
+
+fn rss_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+fn used_memory(cluster: &Cluster, i: usize) -> i64 {
+    let info: String = redis::cmd("INFO").arg("memory").query(&mut cluster.conn(i)).unwrap();
+    info.lines()
+        .find_map(|l| l.strip_prefix("used_memory:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_thousand_waiters_on_a_thousand_keys_stay_bounded() {
+    const KEYS: usize = 1_000;
+    const WAITERS: usize = 10_000;
+    let cluster = Cluster::start(3);
+    let holder = Redlock::builder(cluster.urls().iter().map(String::as_str))
+        .node_timeout(Duration::from_secs(2))
+        .build()
+        .unwrap();
+    // Timed retry: 30 s, so that the hand-offs below all come from
+    // notifications.
+    let waiter = Redlock::builder(cluster.urls().iter().map(String::as_str))
+        .node_timeout(Duration::from_secs(2))
+        .connect_timeout(Duration::from_secs(2))
+        .retry_delay(Duration::from_secs(30))
+        .retry_jitter(Duration::ZERO)
+        .build()
+        .unwrap();
+    redlock_harness::warm(&waiter).await;
+    let base = resource("many");
+    let names: Vec<String> = (0..KEYS).map(|k| format!("{base}:{k}")).collect();
+    let mut held = Vec::new();
+    for name in &names {
+        held.push(holder.try_lock(name, Duration::from_secs(60)).await.unwrap());
+    }
+    let memory_before: Vec<i64> = (0..3).map(|i| used_memory(&cluster, i)).collect();
+    let rss_before = rss_kib();
+    let done = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let started = Instant::now();
+    let mut tasks = Vec::with_capacity(WAITERS);
+    for w in 0..WAITERS {
+        let (waiter, name, done) = (waiter.clone(), names[w % KEYS].clone(), done.clone());
+        tasks.push(tokio::spawn(async move {
+            let lock = waiter
+                .lock_within(&name, Duration::from_secs(30), Duration::from_secs(55))
+                .await
+                .unwrap_or_else(|e| panic!("every waiter gets its turn: {e:?}"));
+            waiter.unlock(&lock).await.unwrap();
+            done.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }));
+    }
+    let all_subscribed = cluster.eventually(Duration::from_secs(30), |cl| {
+        (0..3).all(|i| release_channels(cl, i) == KEYS)
+    });
+    let registered_in = started.elapsed();
+    let channels: Vec<usize> = (0..3).map(|i| release_channels(&cluster, i)).collect();
+    let clients: Vec<usize> = (0..3).map(|i| pubsub_clients(&cluster, i)).collect();
+    let memory_after: Vec<i64> = (0..3).map(|i| used_memory(&cluster, i)).collect();
+    let rss_after = rss_kib();
+    println!(
+        "{WAITERS} waiters on {KEYS} keys: subscribed in {registered_in:?}; per node: {channels:?} channels on {clients:?} pub/sub connections; node memory +{:?} KiB; client RSS +{} KiB ({} B per waiter)",
+        memory_before
+            .iter()
+            .zip(&memory_after)
+            .map(|(b, a)| (a - b) / 1024)
+            .collect::<Vec<_>>(),
+        rss_after.saturating_sub(rss_before),
+        rss_after.saturating_sub(rss_before) * 1024 / WAITERS as u64,
+    );
+    assert!(all_subscribed, "one channel per key on every node: {channels:?}");
+    assert_eq!(clients, vec![1, 1, 1], "one subscription connection per node");
+    assert_eq!(done.load(std::sync::atomic::Ordering::Relaxed), 0);
+    let released = Instant::now();
+    for lock in &held {
+        holder.unlock(lock).await.unwrap();
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    println!(
+        "all {WAITERS} served {:?} after the releases began",
+        released.elapsed()
+    );
+    assert_eq!(done.load(std::sync::atomic::Ordering::Relaxed), WAITERS);
+    assert!(cluster.eventually(Duration::from_secs(5), |cl| {
+        (0..3).all(|i| release_channels(cl, i) == 0)
+    }));
+}
