@@ -507,7 +507,9 @@ fn deliver(shared: &Shared, channel: &[u8], message: &[u8]) {
         entry.recent.pop_front();
     }
     let woke = entry.wake_one();
-    entry.recent.push_back((message.to_vec(), woke.unwrap_or(u64::MAX)));
+    entry
+        .recent
+        .push_back((message.to_vec(), woke.unwrap_or(u64::MAX)));
 }
 
 /// Sets node `index`'s status and, when it went down, forgets its

@@ -83,13 +83,14 @@ async fn a_release_wakes_a_waiter_in_another_manager_at_once() {
     let waiting = {
         let (waiter, res) = (waiter.clone(), res.clone());
         tokio::spawn(async move {
-            let lock = waiter
-                .lock_within(&res, TTL, Duration::from_secs(8))
-                .await;
+            let lock = waiter.lock_within(&res, TTL, Duration::from_secs(8)).await;
             (lock, Instant::now())
         })
     };
-    assert!(subscribed_everywhere(&cluster, &res, 1), "the waiter subscribed on every node");
+    assert!(
+        subscribed_everywhere(&cluster, &res, 1),
+        "the waiter subscribed on every node"
+    );
     tokio::time::sleep(Duration::from_millis(100)).await;
     let released = Instant::now();
     holder.unlock(&lock).await.unwrap();
@@ -97,7 +98,10 @@ async fn a_release_wakes_a_waiter_in_another_manager_at_once() {
     let lock = lock.expect("the waiter gets the lock");
     let gap = granted - released;
     println!("release -> grant in another manager: {gap:?}");
-    assert!(gap < Duration::from_millis(250), "woken by the release, not the 5 s poll: {gap:?}");
+    assert!(
+        gap < Duration::from_millis(250),
+        "woken by the release, not the 5 s poll: {gap:?}"
+    );
     waiter.unlock(&lock).await.unwrap();
     // The waiter left: its subscription goes with it.
     assert!(subscribed_everywhere(&cluster, &res, 0));
@@ -110,15 +114,25 @@ async fn a_crashed_holder_is_succeeded_at_its_expiry() {
     let res = resource("crashed");
     // A holder that never releases: its keys, planted, expire in 600 ms.
     let planted = Instant::now();
-    cluster.plant(&[0, 1, 2], &res, "crashed-holder", Duration::from_millis(600));
+    cluster.plant(
+        &[0, 1, 2],
+        &res,
+        "crashed-holder",
+        Duration::from_millis(600),
+    );
     let planted_in = planted.elapsed();
     let lock = waiter
         .lock_within(&res, TTL, Duration::from_secs(4))
         .await
         .expect("the waiter gets the lock at the expiry");
     let waited = lock.started_at() - planted;
-    println!("planted in {planted_in:?}; granted round started {waited:?} after planting (expiry at 600 ms)");
-    assert!(waited >= Duration::from_millis(590), "not before the expiry: {waited:?}");
+    println!(
+        "planted in {planted_in:?}; granted round started {waited:?} after planting (expiry at 600 ms)"
+    );
+    assert!(
+        waited >= Duration::from_millis(590),
+        "not before the expiry: {waited:?}"
+    );
     assert!(
         waited <= Duration::from_millis(600) + planted_in + Duration::from_millis(40),
         "within a few ms of the expiry, not at the 5 s poll: {waited:?}"
@@ -142,8 +156,12 @@ async fn hand_offs_under_contention_are_mutually_exclusive() {
             .build()
             .unwrap();
         for t in 0..4 {
-            let (redlock, res, checker, grants) =
-                (redlock.clone(), res.clone(), checker.clone(), grants.clone());
+            let (redlock, res, checker, grants) = (
+                redlock.clone(),
+                res.clone(),
+                checker.clone(),
+                grants.clone(),
+            );
             tasks.push(tokio::spawn(async move {
                 let holder = format!("m{m}t{t}");
                 for _ in 0..PER_TASK {
@@ -168,11 +186,22 @@ async fn hand_offs_under_contention_are_mutually_exclusive() {
         t.await.unwrap();
     }
     let n = grants.load(std::sync::atomic::Ordering::Relaxed);
-    println!("{n} grants among 12 contenders in 3 managers in {:?}", started.elapsed());
+    println!(
+        "{n} grants among 12 contenders in 3 managers in {:?}",
+        started.elapsed()
+    );
     assert_eq!(n, 12 * PER_TASK);
     assert_eq!(checker.len(), n);
-    assert_eq!(checker.violations(), 0, "overlaps: {:?}", checker.overlaps());
-    assert!(subscribed_everywhere(&cluster, &res, 0), "no subscription left behind");
+    assert_eq!(
+        checker.violations(),
+        0,
+        "overlaps: {:?}",
+        checker.overlaps()
+    );
+    assert!(
+        subscribed_everywhere(&cluster, &res, 0),
+        "no subscription left behind"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -181,8 +210,21 @@ async fn waiting_works_when_an_acl_denies_pub_sub() {
     // The README's minimal rule, with PTTL but without PUBLISH, SUBSCRIBE or
     // any channel.
     let rule = [
-        "on", ">pw", "resetkeys", "~app:*", "resetchannels", "-@all", "+set", "+get", "+del",
-        "+pexpire", "+pttl", "+time", "+eval", "+evalsha", "+script|load",
+        "on",
+        ">pw",
+        "resetkeys",
+        "~app:*",
+        "resetchannels",
+        "-@all",
+        "+set",
+        "+get",
+        "+del",
+        "+pexpire",
+        "+pttl",
+        "+time",
+        "+eval",
+        "+evalsha",
+        "+script|load",
     ];
     for i in 0..3 {
         let _: () = redis::cmd("ACL")
@@ -218,7 +260,10 @@ async fn waiting_works_when_an_acl_denies_pub_sub() {
     // succeeds.
     assert_eq!(holder.unlock(&lock).await.unwrap(), 3);
     let released = Instant::now();
-    let lock = waiting.await.unwrap().expect("the fallback retry gets it; no error leaks out");
+    let lock = waiting
+        .await
+        .unwrap()
+        .expect("the fallback retry gets it; no error leaks out");
     let gap = released.elapsed();
     println!("ACL without pub/sub: release -> grant {gap:?} (timed retry every 100 ms)");
     assert!(gap < Duration::from_millis(600), "{gap:?}");
@@ -238,14 +283,19 @@ async fn killed_subscriptions_are_made_again_and_waiters_still_get_the_lock() {
     let spawn_waiter = |res: String| {
         let waiter = waiter.clone();
         tokio::spawn(async move {
-            let lock = waiter.lock_within(&res, TTL, Duration::from_secs(10)).await?;
+            let lock = waiter
+                .lock_within(&res, TTL, Duration::from_secs(10))
+                .await?;
             let got = Instant::now();
             waiter.unlock(&lock).await?;
             Ok::<_, Error>(got)
         })
     };
     let waiters: Vec<_> = (0..3).map(|_| spawn_waiter(res.clone())).collect();
-    assert!(subscribed_everywhere(&cluster, &res, 1), "one subscription per node for 3 waiters");
+    assert!(
+        subscribed_everywhere(&cluster, &res, 1),
+        "one subscription per node for 3 waiters"
+    );
     for i in 0..3 {
         let killed: i64 = redis::cmd("CLIENT")
             .arg("KILL")
@@ -253,11 +303,17 @@ async fn killed_subscriptions_are_made_again_and_waiters_still_get_the_lock() {
             .arg("pubsub")
             .query(&mut cluster.conn(i))
             .unwrap();
-        assert_eq!(killed, 1, "the manager's one subscription connection on node {i}");
+        assert_eq!(
+            killed, 1,
+            "the manager's one subscription connection on node {i}"
+        );
     }
     // The waiters retry when a subscription breaks: they find the lock still
     // held, and the subscriptions are made again.
-    assert!(subscribed_everywhere(&cluster, &res, 1), "resubscribed on every node");
+    assert!(
+        subscribed_everywhere(&cluster, &res, 1),
+        "resubscribed on every node"
+    );
     // Held a while longer, then released: all three get it in turn, through
     // the new subscriptions (the timed retry is 5 s).
     tokio::time::sleep(Duration::from_millis(200)).await;
@@ -266,20 +322,38 @@ async fn killed_subscriptions_are_made_again_and_waiters_still_get_the_lock() {
     holder.unlock(&lock).await.unwrap();
     for w in waiters {
         let got = w.await.unwrap().expect("each waiter gets the lock");
-        assert!(got - released < Duration::from_secs(2), "{:?}", got - released);
+        assert!(
+            got - released < Duration::from_secs(2),
+            "{:?}",
+            got - released
+        );
     }
-    println!("3 waiters served {:?} after the release", released.elapsed());
+    println!(
+        "3 waiters served {:?} after the release",
+        released.elapsed()
+    );
     // A later waiter subscribes on the connection made again.
     let lock = holder.lock(&res, TTL).await.unwrap();
     let later = spawn_waiter(res.clone());
-    assert!(subscribed_everywhere(&cluster, &res, 1), "a later waiter resubscribes");
+    assert!(
+        subscribed_everywhere(&cluster, &res, 1),
+        "a later waiter resubscribes"
+    );
     for i in 0..3 {
-        assert_eq!(pubsub_clients(&cluster, i), 1, "one subscription connection per node");
+        assert_eq!(
+            pubsub_clients(&cluster, i),
+            1,
+            "one subscription connection per node"
+        );
     }
     let released = Instant::now();
     holder.unlock(&lock).await.unwrap();
     let got = later.await.unwrap().unwrap();
-    assert!(got - released < Duration::from_millis(500), "{:?}", got - released);
+    assert!(
+        got - released < Duration::from_millis(500),
+        "{:?}",
+        got - released
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -296,9 +370,16 @@ async fn a_cancelled_waiter_leaves_no_subscription() {
     assert!(subscribed_everywhere(&cluster, &res, 1));
     task.abort();
     assert!(task.await.unwrap_err().is_cancelled());
-    assert!(subscribed_everywhere(&cluster, &res, 0), "unsubscribed once no waiter remains");
+    assert!(
+        subscribed_everywhere(&cluster, &res, 0),
+        "unsubscribed once no waiter remains"
+    );
     for i in 0..3 {
-        assert_eq!(release_channels(&cluster, i), 0, "no release channel left on node {i}");
+        assert_eq!(
+            release_channels(&cluster, i),
+            0,
+            "no release channel left on node {i}"
+        );
     }
     // A second waiter of the same key, after the first left: a new
     // subscription, and the release reaches it.
@@ -339,7 +420,11 @@ async fn a_cancelled_woken_waiter_passes_the_wake_up_on() {
     let released = Instant::now();
     holder.unlock(&lock).await.unwrap();
     let lock = second.await.unwrap().unwrap();
-    assert!(released.elapsed() < Duration::from_millis(500), "{:?}", released.elapsed());
+    assert!(
+        released.elapsed() < Duration::from_millis(500),
+        "{:?}",
+        released.elapsed()
+    );
     waiter.unlock(&lock).await.unwrap();
 }
 
@@ -353,7 +438,10 @@ fn rss_kib() -> u64 {
 }
 
 fn used_memory(cluster: &Cluster, i: usize) -> i64 {
-    let info: String = redis::cmd("INFO").arg("memory").query(&mut cluster.conn(i)).unwrap();
+    let info: String = redis::cmd("INFO")
+        .arg("memory")
+        .query(&mut cluster.conn(i))
+        .unwrap();
     info.lines()
         .find_map(|l| l.strip_prefix("used_memory:"))
         .and_then(|v| v.trim().parse().ok())
@@ -383,7 +471,12 @@ async fn ten_thousand_waiters_on_a_thousand_keys_stay_bounded() {
     let names: Vec<String> = (0..KEYS).map(|k| format!("{base}:{k}")).collect();
     let mut held = Vec::new();
     for name in &names {
-        held.push(holder.try_lock(name, Duration::from_secs(60)).await.unwrap());
+        held.push(
+            holder
+                .try_lock(name, Duration::from_secs(60))
+                .await
+                .unwrap(),
+        );
     }
     let memory_before: Vec<i64> = (0..3).map(|i| used_memory(&cluster, i)).collect();
     let rss_before = rss_kib();
@@ -419,8 +512,15 @@ async fn ten_thousand_waiters_on_a_thousand_keys_stay_bounded() {
         rss_after.saturating_sub(rss_before),
         rss_after.saturating_sub(rss_before) * 1024 / WAITERS as u64,
     );
-    assert!(all_subscribed, "one channel per key on every node: {channels:?}");
-    assert_eq!(clients, vec![1, 1, 1], "one subscription connection per node");
+    assert!(
+        all_subscribed,
+        "one channel per key on every node: {channels:?}"
+    );
+    assert_eq!(
+        clients,
+        vec![1, 1, 1],
+        "one subscription connection per node"
+    );
     assert_eq!(done.load(std::sync::atomic::Ordering::Relaxed), 0);
     let released = Instant::now();
     for lock in &held {

@@ -36,6 +36,7 @@ use report::Report;
 use scenarios::{
     Env, scenario_guards, scenario_handoff, scenario_healthy, scenario_latency,
     scenario_throughput, scenario_two_down, scenario_two_resources, scenario_validity,
+    scenario_waiting_cost,
 };
 use subjects::Subjects;
 
@@ -137,6 +138,7 @@ async fn run(quick: bool) {
     times.push(t.elapsed());
     let t = Instant::now();
     scenario_handoff(&env, &mut report).await;
+    scenario_waiting_cost(&env, &mut report).await;
     times.push(t.elapsed());
     let t = Instant::now();
     scenario_guards(&env, &mut report).await;

@@ -299,7 +299,10 @@ pub(crate) async fn scenario_handoff(env: &Env, report: &mut Report) {
     let urls: Vec<&str> = env.urls.iter().map(String::as_str).collect();
     for tasks in [2usize, 8, 32] {
         for (label, retry) in [
-            ("redlock-quorum (defaults: 200 ms + 0-100 ms)", None),
+            (
+                "redlock-quorum (defaults: notified; timed retry 200 ms + 0-100 ms)",
+                None,
+            ),
             (
                 "redlock-quorum (retry 5 ms + 0-5 ms)",
                 Some(Duration::from_millis(5)),
@@ -570,6 +573,101 @@ pub(crate) async fn scenario_two_resources(env: &Env, report: &mut Report) {
                 "cycle_p50_ms": cycle.p50(), "cycle_p99_ms": cycle.p99(),
                 "cycles_per_s": rates[k], "tasks": TASKS,
             }),
+        );
+    }
+}
+
+/// Commands processed by each node so far (`INFO commandstats`, every
+/// command but `INFO` itself).
+async fn commands_per_node(urls: &[String]) -> Vec<u64> {
+    let mut out = Vec::new();
+    for u in urls {
+        let client = redis::Client::open(u.as_str()).unwrap();
+        let mut c = client.get_multiplexed_async_connection().await.unwrap();
+        let info: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query_async(&mut c)
+            .await
+            .unwrap();
+        let calls = info
+            .lines()
+            .filter(|l| l.starts_with("cmdstat_") && !l.starts_with("cmdstat_info:"))
+            .filter_map(|l| {
+                l.split("calls=")
+                    .nth(1)?
+                    .split(',')
+                    .next()?
+                    .parse::<u64>()
+                    .ok()
+            })
+            .sum();
+        out.push(calls);
+    }
+    out
+}
+
+/// 6b. What waiting costs the nodes: 32 contenders wait 2 s on a lock held
+/// throughout, and each node's processed commands are counted before and
+/// after.
+pub(crate) async fn scenario_waiting_cost(env: &Env, report: &mut Report) {
+    const WAITERS: usize = 32;
+    let wait = Duration::from_secs(2);
+    report.section(
+        &format!("6b. waiting cost: {WAITERS} contenders wait {} s on one held lock; commands per node (INFO commandstats)", wait.as_secs()),
+        &["subject", "commands per node", "per waiter per node"],
+    );
+    let urls: Vec<&str> = env.urls.iter().map(String::as_str).collect();
+    for label in [
+        "redlock-quorum (defaults), one manager per contender",
+        "redlock-quorum (defaults), one manager for all",
+        "rslock 0.10 (defaults: 3 retries, 0-200 ms; called again until 2 s)",
+    ] {
+        let resource = format!("bench:wait:{}", token());
+        let holder = Redlock::new(urls.clone()).unwrap();
+        let held = holder.lock(&resource, TTL).await.unwrap();
+        let shared = Redlock::new(urls.clone()).unwrap();
+        // connections made before counting
+        redlock_harness::warm(&shared).await;
+        let mut all = FuturesUnordered::new();
+        let mut managers = Vec::new();
+        for _ in 0..WAITERS {
+            let ours = if label.contains("one manager for all") {
+                shared.clone()
+            } else {
+                let r = Redlock::new(urls.clone()).unwrap();
+                redlock_harness::warm(&r).await;
+                r
+            };
+            let theirs = rslock::LockManager::new(urls.clone());
+            let _ = theirs.lock("bench:warm", Duration::from_millis(10)).await;
+            managers.push((ours, theirs));
+        }
+        let before = commands_per_node(&env.urls).await;
+        for (ours, theirs) in managers {
+            let resource = resource.clone();
+            let rslock = label.starts_with("rslock");
+            all.push(async move {
+                if rslock {
+                    let until = Instant::now() + wait;
+                    while Instant::now() < until {
+                        if theirs.lock(resource.as_str(), TTL).await.is_ok() {
+                            break;
+                        }
+                    }
+                } else {
+                    let _ = ours.lock_within(&resource, TTL, wait).await;
+                }
+            });
+        }
+        while all.next().await.is_some() {}
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let after = commands_per_node(&env.urls).await;
+        let per_node: Vec<u64> = after.iter().zip(&before).map(|(a, b)| a - b).collect();
+        let mean = per_node.iter().sum::<u64>() as f64 / per_node.len() as f64;
+        let _ = holder.unlock(&held).await;
+        report.line(
+            &[label.into(), format!("{per_node:?}"), format!("{:.1}", mean / WAITERS as f64)],
+            json!({"scenario": "6b", "subject": label, "waiters": WAITERS, "wait_s": wait.as_secs_f64(), "commands_per_node": per_node, "per_waiter_per_node": mean / WAITERS as f64}),
         );
     }
 }
