@@ -109,13 +109,19 @@ impl RedlockBuilder {
         }
     }
 
-    /// Retries after the first attempt in [`Redlock::lock`]. Defaults to 10.
+    /// Timed retries after the first attempt in [`Redlock::lock`]: those
+    /// that no release notification woke. A waiter also gives up once it
+    /// slept as long as this many pauses (`retry_delay + retry_jitter`)
+    /// could take. Defaults to 10.
     pub fn retry_count(mut self, retries: u32) -> Self {
         self.config.retry_count = retries;
         self
     }
 
-    /// The pause between attempts. Defaults to 200 ms.
+    /// The pause of the timed retry: between attempts where a release cannot
+    /// be notified (pub/sub denied, a node down, a broken subscription), and
+    /// for the first waiter of each key in a manager, the safety net for
+    /// releases nobody publishes. Defaults to 200 ms.
     pub fn retry_delay(mut self, delay: Duration) -> Self {
         self.config.retry_delay = delay;
         self

@@ -182,9 +182,19 @@ impl Redlock {
         self.inner.retries.owed()
     }
 
-    /// Acquires `resource` for `ttl`, retrying up to the configured
-    /// `retry_count` times after the first attempt, with `retry_delay` plus
-    /// random jitter between attempts.
+    /// Acquires `resource` for `ttl`, waiting for another holder to let go.
+    ///
+    /// Waiting is event-driven: a refused attempt learns the holder's
+    /// remaining ttl in the same round, subscribes to the key's release
+    /// channel on every node, tries once more, and then sleeps until the
+    /// holder's release is published, its keys expire, or the timed retry
+    /// (`retry_delay` plus random jitter) is due, whichever comes first. The
+    /// timed retry is the fallback where a release cannot be notified (pub/sub
+    /// denied, a node down, a broken subscription); see the README's
+    /// "Waiting for a held lock". It gives up after `retry_count` timed
+    /// retries, or once it slept as long as that many pauses could take.
+    /// Within one manager, waiters of a resource are woken one per release,
+    /// in the order they started waiting; across managers there is no order.
     ///
     /// Each attempt sends `SET key token NX PX ttl GET` to every node at
     /// once, grants as soon as a quorum agreed, and stops listening as soon
@@ -209,16 +219,19 @@ impl Redlock {
     /// # Cancel safety
     /// Dropping the future at any await point leaves no key of ours behind
     /// longer than needed: the attempt under way is released on every node by
-    /// a task spawned on the current Tokio runtime.
+    /// a task spawned on the current Tokio runtime. A waiter dropped while it
+    /// waits leaves its place at once (a wake-up it had is passed to the next
+    /// waiter), and its key's release channel is unsubscribed when no other
+    /// waiter of this manager needs it.
     pub async fn lock(&self, resource: &str, ttl: Duration) -> Result<Lock, Error> {
         let patience = Patience::Retries(self.inner.config.retry_count);
         self.lock_patiently(&[resource], ttl, patience).await
     }
 
     /// Acquires `resource` for `ttl`, waiting at most about `wait` for
-    /// another holder to let go: attempts as [`lock`](Redlock::lock) does,
-    /// with the same pause between them, while the next attempt would start
-    /// within `wait` of the call. `Duration::ZERO` makes one attempt, as
+    /// another holder to let go: waits as [`lock`](Redlock::lock) does
+    /// (woken by the release, the holder's expiry or the timed retry), and
+    /// starts no attempt later than a node timeout before `wait` is up. `Duration::ZERO` makes one attempt, as
     /// [`try_lock`](Redlock::try_lock). The last attempt may end up to one
     /// round (bounded by the timeouts) after `wait`.
     ///
