@@ -60,16 +60,15 @@ impl Request {
     async fn run(&self, conn: &mut MultiplexedConnection) -> RedisResult<Value> {
         match self {
             Request::Cmd(cmd) => cmd.query_async(conn).await,
-            Request::Pipe(pipe) => match pipe.query_async(conn).await? {
-                Value::Array(mut replies) if !replies.is_empty() => match replies.remove(0) {
-                    Value::ServerError(e) => Err(e.into()),
-                    first => {
-                        replies.insert(0, first);
-                        Ok(Value::Array(replies))
-                    }
-                },
-                other => Ok(other),
-            },
+            Request::Pipe(pipe) => {
+                let value: Value = pipe.query_async(conn).await?;
+                if let Value::Array(replies) = &value
+                    && let Some(Value::ServerError(e)) = replies.first()
+                {
+                    return Err(e.clone().into());
+                }
+                Ok(value)
+            }
             Request::Script { script, keys, args } => {
                 let mut call = script.prepare_invoke();
                 for key in keys.iter() {

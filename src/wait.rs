@@ -252,8 +252,7 @@ impl Waits {
         }
     }
 
-    /// How many release channels have waiters, and per node how many of
-    /// them are subscribed (for tests and `Debug`).
+    /// How many release channels have waiters.
     #[cfg(test)]
     fn channels(&self) -> usize {
         self.shared.lock().channels.len()

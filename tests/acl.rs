@@ -11,7 +11,8 @@ use redlock_quorum::{Error, NodeError, Redlock};
 const TTL: Duration = Duration::from_secs(10);
 
 /// The README's minimal rule for a lock user whose keys start with `app:`
-/// (without `+info`, which is optional).
+/// (without `+info` and the pub/sub rights, which are optional: waiting
+/// then falls back to the timed retry).
 const RULE: &[&str] = &[
     "on",
     ">locker-pass",
