@@ -312,6 +312,15 @@ pub enum NodeError {
         /// The age of the node's data (its generation marker), on its clock.
         age: Duration,
     },
+    /// The node took the write but did not confirm its durability in time
+    /// ([`Durability`](crate::Durability)): `WAITAOF` or `WAIT` timed out.
+    /// Counted as not answering, and retried.
+    NotDurable,
+    /// The node cannot confirm durability at all: `WAITAOF` is unknown there
+    /// (Redis before 7.2), or AOF is off, or `WAIT` is refused. A
+    /// configuration error, not retried; the write it may have taken is
+    /// released.
+    Durability(redis::RedisError),
     /// This entry of the node list reaches the same server as another one.
     SameServer {
         /// Position of the other entry.
@@ -344,7 +353,10 @@ impl NodeError {
     pub fn is_transient(&self) -> bool {
         matches!(
             self,
-            NodeError::Timeout | NodeError::Unreachable(_) | NodeError::Busy(_)
+            NodeError::Timeout
+                | NodeError::Unreachable(_)
+                | NodeError::Busy(_)
+                | NodeError::NotDurable
         )
     }
 
@@ -381,6 +393,13 @@ impl fmt::Display for NodeError {
             NodeError::Reply(e) => write!(f, "error reply ({e})"),
             NodeError::UnexpectedReply(v) => write!(f, "unexpected reply {v}"),
             NodeError::Tls(e) => write!(f, "TLS handshake failed ({e})"),
+            NodeError::NotDurable => {
+                f.write_str("took the write but did not confirm it durable in time")
+            }
+            NodeError::Durability(e) => write!(
+                f,
+                "cannot confirm durability ({e}): WAITAOF needs Redis 7.2 or later, or Valkey, with appendonly yes"
+            ),
             NodeError::Young { age } => write!(
                 f,
                 "agreed, but its data is only {age:?} old (it restarted empty or is new): \
@@ -400,6 +419,7 @@ impl std::error::Error for NodeError {
             NodeError::Unreachable(e)
             | NodeError::Busy(e)
             | NodeError::Reply(e)
+            | NodeError::Durability(e)
             | NodeError::Tls(e) => Some(e),
             _ => None,
         }

@@ -138,7 +138,8 @@ impl Redlock {
         let highest = tally.highest.unwrap_or(0);
         let token = u64::try_from(highest).unwrap_or(0) + 1;
 
-        let write = multi::fence_request(generation, lock, Some(token));
+        let write = multi::fence_request(generation, lock, Some(token))
+            .durable(self.inner.config.durability);
         let Round { tally, .. } = round::round(
             &self.inner,
             None,

@@ -140,7 +140,7 @@ mod watchdog;
 pub use crate::address::NodeAddress;
 pub use crate::builder::{
     DEFAULT_CONNECT_TIMEOUT, DEFAULT_DRIFT_FACTOR, DEFAULT_NODE_TIMEOUT, DEFAULT_RENEW_CONCURRENCY,
-    DEFAULT_RETRY_COUNT, DEFAULT_RETRY_DELAY, DEFAULT_RETRY_JITTER, RedlockBuilder,
+    DEFAULT_RETRY_COUNT, DEFAULT_RETRY_DELAY, DEFAULT_RETRY_JITTER, Durability, RedlockBuilder,
 };
 pub use crate::error::{Error, LossReason, NodeError, NodeFailure};
 pub use crate::guard::{LockGuard, LockWatch};

@@ -367,7 +367,8 @@ impl Redlock {
                 resource: lock.label().into_owned(),
             });
         }
-        let request = multi::extend_request(&self.inner.generation, lock, ttl.millis);
+        let request = multi::extend_request(&self.inner.generation, lock, ttl.millis)
+            .durable(self.inner.config.durability);
         let start = Instant::now();
         let Round { tally, in_flight } = round::round(
             &self.inner,
@@ -640,7 +641,8 @@ impl Redlock {
             None,
             Ask::Acquire,
             Until::Decided,
-            multi::acquire_request(&inner.generation, &keys, &token, ttl.millis),
+            multi::acquire_request(&inner.generation, &keys, &token, ttl.millis)
+                .durable(inner.config.durability),
             &InFlight::default(),
             multi::read_acquire(&inner.generation, &token, keys.len() > 1),
         )
@@ -751,6 +753,7 @@ impl Failed {
                 .iter()
                 .chain(unanswered)
                 .chain(&tally.young)
+                .chain(&tally.wrote)
                 .copied()
                 .collect(),
             Failed::Late { .. } => agreed.iter().chain(unanswered).copied().collect(),

@@ -19,6 +19,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use tokio::sync::Notify;
 
+use crate::builder::Durability;
 use crate::error::NodeError;
 use crate::node::Node;
 use crate::redlock::Inner;
@@ -37,6 +38,13 @@ pub(crate) enum Request {
         keys: Arc<[Vec<u8>]>,
         args: Arc<[Vec<u8>]>,
     },
+    /// A write followed, in the same round trip, by the command that
+    /// confirms its durability (`WAITAOF` or `WAIT`); see
+    /// [`Durability`].
+    Durable {
+        write: Box<Request>,
+        durability: Durability,
+    },
 }
 
 impl Request {
@@ -53,8 +61,27 @@ impl Request {
         }
     }
 
-    async fn run(&self, conn: &mut MultiplexedConnection) -> RedisResult<Value> {
+    /// This request, confirmed as `durability` asks (a write of a lock).
+    pub(crate) fn durable(self, durability: Durability) -> Self {
+        match durability {
+            Durability::Memory => self,
+            durability => Request::Durable {
+                write: Box::new(self),
+                durability,
+            },
+        }
+    }
+
+    async fn run(&self, conn: &mut MultiplexedConnection) -> Result<Value, NodeError> {
         match self {
+            Request::Durable { write, durability } => run_durable(write, *durability, conn).await,
+            other => other.run_plain(conn).await.map_err(NodeError::from_redis),
+        }
+    }
+
+    async fn run_plain(&self, conn: &mut MultiplexedConnection) -> RedisResult<Value> {
+        match self {
+            Request::Durable { write, .. } => Box::pin(write.run_plain(conn)).await,
             Request::Cmd(cmd) => cmd.query_async(conn).await,
             Request::Script { script, keys, args } => {
                 let mut call = script.prepare_invoke();
@@ -67,6 +94,68 @@ impl Request {
                 call.invoke_async(conn).await
             }
         }
+    }
+}
+
+/// Runs `write` and the durability confirmation in one pipeline (one round
+/// trip). `EVALSHA` answered with `NOSCRIPT` loads the script and sends the
+/// pipeline once more. The write's reply comes back when the node confirmed
+/// it; [`NodeError::NotDurable`] when the node answered but did not confirm
+/// in time (the write may be there: the node counts as unknown), and
+/// [`NodeError::Durability`] when it cannot confirm at all (the command is
+/// unknown there, or AOF is off for `WAITAOF`).
+async fn run_durable(
+    write: &Request,
+    durability: Durability,
+    conn: &mut MultiplexedConnection,
+) -> Result<Value, NodeError> {
+    let mut loaded = false;
+    loop {
+        let mut pipe = redis::pipe();
+        pipe.ignore_errors();
+        match write {
+            Request::Cmd(cmd) => {
+                pipe.add_command((**cmd).clone());
+            }
+            Request::Script { script, keys, args } => {
+                let evalsha = pipe.cmd("EVALSHA").arg(script.get_hash()).arg(keys.len());
+                for key in keys.iter() {
+                    evalsha.arg(key.as_slice());
+                }
+                for arg in args.iter() {
+                    evalsha.arg(arg.as_slice());
+                }
+            }
+            Request::Durable { .. } => unreachable!("a durable request is not nested"),
+        }
+        pipe.add_command(durability.command());
+        let replies: Vec<Value> = pipe
+            .query_async(conn)
+            .await
+            .map_err(NodeError::from_redis)?;
+        let [reply, confirmation]: [Value; 2] = replies
+            .try_into()
+            .map_err(|r| NodeError::UnexpectedReply(format!("{r:?}")))?;
+        if let Value::ServerError(error) = &reply {
+            match write {
+                Request::Script { script, .. } if error.code() == "NOSCRIPT" && !loaded => {
+                    script
+                        .prepare_invoke()
+                        .load_async(conn)
+                        .await
+                        .map_err(NodeError::from_redis)?;
+                    loaded = true;
+                    continue;
+                }
+                _ => return Err(NodeError::from_redis(error.clone().into())),
+            }
+        }
+        return match confirmation {
+            Value::ServerError(error) => Err(NodeError::Durability(error.into())),
+            value if durability.confirmed(&value) => Ok(reply),
+            Value::Array(_) | Value::Int(_) => Err(NodeError::NotDurable),
+            other => Err(NodeError::UnexpectedReply(format!("{other:?}"))),
+        };
     }
 }
 
@@ -174,8 +263,7 @@ pub(crate) async fn call(
         match tokio::time::timeout(node_timeout, request.run(&mut conn.conn)).await {
             Err(_) => return Err(NodeError::Timeout),
             Ok(Ok(value)) => return Ok(value),
-            Ok(Err(e)) => {
-                let error = NodeError::from_redis(e);
+            Ok(Err(error)) => {
                 if !matches!(error, NodeError::Unreachable(_)) {
                     return Err(error);
                 }

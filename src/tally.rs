@@ -86,6 +86,9 @@ pub(crate) struct Tally {
     pub(crate) untrusted: usize,
     /// Nodes that answered with an error retrying cannot fix.
     pub(crate) errors: usize,
+    /// The positions of the nodes that took a write but could not confirm
+    /// its durability: our key may be there.
+    pub(crate) wrote: Vec<usize>,
     /// What each node that did not agree said.
     pub(crate) failures: Vec<NodeFailure>,
     /// The positions of the nodes whose state is unknown.
@@ -136,6 +139,7 @@ impl Tally {
             read: 0,
             untrusted: 0,
             errors: 0,
+            wrote: Vec::new(),
             failures: Vec::new(),
             unanswered: Vec::new(),
             agreed: Vec::new(),
@@ -216,6 +220,9 @@ impl Tally {
                 {
                     self.same_server =
                         Some((index, node.to_owned(), *other_index, other_node.clone()));
+                }
+                if matches!(cause, NodeError::Durability(_)) {
+                    self.wrote.push(index);
                 }
                 if cause.is_transient() {
                     self.unknown += 1;
