@@ -258,12 +258,19 @@ pub(crate) async fn call(
 ) -> Result<Value, NodeError> {
     after.settled(index).await;
     let mut retried = false;
+    let mut request = request;
     loop {
         let mut conn = node.connection().await?;
         match tokio::time::timeout(node_timeout, request.run(&mut conn.conn)).await {
             Err(_) => return Err(NodeError::Timeout),
             Ok(Ok(value)) => return Ok(value),
             Ok(Err(error)) => {
+                if let Some(native) = native_fallback(&node, &request, &error) {
+                    // The node refuses scripts: release with its own
+                    // conditional delete instead, once.
+                    request = Request::Cmd(Arc::new(native));
+                    continue;
+                }
                 if !matches!(error, NodeError::Unreachable(_)) {
                     return Err(error);
                 }
@@ -275,6 +282,30 @@ pub(crate) async fn call(
             }
         }
     }
+}
+
+/// The native conditional delete to send instead of the single-key unlock
+/// script, when the node refused the script (scripting denied by its ACL,
+/// or `EVALSHA` renamed away) and has one (see [`Node::native_release`]).
+fn native_fallback(node: &Node, request: &Request, error: &NodeError) -> Option<Cmd> {
+    let Request::Script { script, keys, args } = request else {
+        return None;
+    };
+    let NodeError::Reply(e) = error else {
+        return None;
+    };
+    let refused = match e.code() {
+        Some("NOPERM") => true,
+        _ => e
+            .to_string()
+            .to_ascii_lowercase()
+            .contains("unknown command"),
+    };
+    let unlock: &Script = &crate::scripts::UNLOCK;
+    if !refused || !std::ptr::eq(*script, unlock) || keys.len() != 1 {
+        return None;
+    }
+    node.native_release(&keys[0], args.first()?)
 }
 
 /// How long a round listens.

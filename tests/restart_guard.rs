@@ -167,6 +167,22 @@ async fn issue_11s_schedule_never_repeats_a_fencing_token() {
         let lock = z.lock(&res, ttl).await.unwrap();
         assert_eq!(z.fencing_token(&lock).await.unwrap(), 1);
         z.unlock(&lock).await.unwrap();
+        // The fencing write waited for every node.
+        let counter = {
+            let mut key = res.as_bytes().to_vec();
+            key.extend_from_slice(b"\xFFfence");
+            key
+        };
+        for node in 0..3 {
+            let stored: Option<Vec<u8>> = redis::cmd("GET")
+                .arg(&counter)
+                .query(&mut cluster.conn(node))
+                .unwrap();
+            assert!(
+                stored.is_some_and(|s| s.starts_with(b"1:")),
+                "guard {guard}: node {node}"
+            );
+        }
         assert!(cluster.eventually(Duration::from_secs(2), |c| {
             c.values(&res).iter().all(Option::is_none)
         }));
@@ -239,11 +255,13 @@ async fn tokens_strictly_increase_under_random_minority_data_loss() {
     let res = resource("guard-random");
     let mut rng = rand::rng();
     let (mut issued, mut unproven, mut last) = (0, 0, 0u64);
+    // The guarantee's assumption: fewer than half the nodes lose their data
+    // between two successive tokens (a call that failed closed issued none).
+    let mut lost_since_token: Vec<usize> = Vec::new();
     for round in 0..30 {
         let redlock = cluster.builder().retry_count(50).build().unwrap();
         let lock = redlock.lock(&res, Duration::from_secs(5)).await.unwrap();
-        // A fault during the holder's tenure: one node paused, or one or
-        // two nodes restarted empty (never more than a minority at once).
+        // A fault during the holder's tenure: one node paused.
         let paused = rng.random_bool(0.3).then(|| rng.random_range(0..5));
         if let Some(p) = paused {
             cluster.node(p).pause();
@@ -253,6 +271,7 @@ async fn tokens_strictly_increase_under_random_minority_data_loss() {
                 assert!(token > last, "round {round}: {token} after {last}");
                 last = token;
                 issued += 1;
+                lost_since_token.clear();
             }
             Err(Error::FencingUnproven { .. }) => unproven += 1,
             Err(other) => panic!("round {round}: {other}"),
@@ -261,16 +280,13 @@ async fn tokens_strictly_increase_under_random_minority_data_loss() {
             cluster.node(p).resume();
         }
         let _ = redlock.unlock(&lock).await;
-        let losses = rng.random_range(0..=2);
-        let mut lost = Vec::new();
-        while lost.len() < losses {
+        // Then up to two nodes restart empty, within the assumption.
+        for _ in 0..rng.random_range(0..=2) {
             let n = rng.random_range(0..5);
-            if !lost.contains(&n) && Some(n) != paused {
-                lost.push(n);
+            if lost_since_token.len() < 2 && !lost_since_token.contains(&n) {
+                lost_since_token.push(n);
+                cluster.node(n).restart();
             }
-        }
-        for n in lost {
-            cluster.node(n).restart();
         }
     }
     println!("tokens issued {issued}, failed closed {unproven}, last {last}");
