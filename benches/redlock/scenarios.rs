@@ -573,3 +573,94 @@ pub(crate) async fn scenario_two_resources(env: &Env, report: &mut Report) {
         );
     }
 }
+
+/// Scenario 9: what the restart-safety options cost on a healthy cluster:
+/// the restart guard (a Lua script with the generation marker instead of a
+/// plain `SET`) and acknowledged durability (`WAITAOF` pipelined behind the
+/// write, on five extra nodes with `appendonly yes` and `appendfsync
+/// always`, where the server has `WAITAOF`). Interleaved, one lock and
+/// unlock at a time, compared with the default manager of the same run.
+pub(crate) async fn scenario_safety_options(env: &Env, report: &mut Report) {
+    const GUARD: Duration = Duration::from_millis(300);
+    let urls = || env.urls.iter().map(String::as_str);
+    let plain = Redlock::new(urls()).unwrap();
+    let guarded = Redlock::builder(urls())
+        .restart_guard(GUARD)
+        .build()
+        .unwrap();
+    // The markers of a fresh cluster count once they are GUARD old.
+    let _ = guarded.try_lock("bench:safety:age", GUARD).await;
+    tokio::time::sleep(GUARD + Duration::from_millis(50)).await;
+    // Five more nodes that fsync every write, for the durable subject.
+    let aof: Vec<RedisServer> = (0..5)
+        .map(|_| RedisServer::start_with(&["--appendonly", "yes", "--appendfsync", "always"]))
+        .collect();
+    let aof_urls: Vec<String> = aof.iter().map(RedisServer::url).collect();
+    let on_aof = Redlock::new(aof_urls.iter().map(String::as_str)).unwrap();
+    let durable = Redlock::builder(aof_urls.iter().map(String::as_str))
+        .durability(redlock_quorum::Durability::Disk {
+            timeout: Duration::from_millis(40),
+        })
+        .build()
+        .unwrap();
+    let durable_works = durable.try_lock("bench:safety:probe", TTL).await.is_ok();
+    let mut ways: Vec<(&str, &Redlock)> = vec![("default", &plain), ("restart_guard", &guarded)];
+    ways.push(("appendfsync always, default", &on_aof));
+    if durable_works {
+        ways.push(("appendfsync always, durability Disk", &durable));
+    }
+    let n = env.rounds(2000, 300);
+    let mut samples: Vec<(Samples, Samples)> = ways.iter().map(|_| Default::default()).collect();
+    for i in 0..n {
+        for (k, (_, redlock)) in ways.iter().enumerate() {
+            let key = format!("bench:safety:{i}:{k}");
+            let start = Instant::now();
+            let Ok(lock) = redlock.try_lock(&key, TTL).await else {
+                continue;
+            };
+            let acquired = start.elapsed();
+            if redlock.unlock(&lock).await.is_ok() {
+                samples[k].0.push(acquired);
+                samples[k].1.push(start.elapsed());
+            }
+        }
+    }
+    report.section(
+        &format!(
+            "9. restart-safety options: {n} lock+unlock cycles each, interleaved (ms){}",
+            if durable_works {
+                ""
+            } else {
+                "; durability Disk not measured: this server has no WAITAOF (Redis < 7.2)"
+            }
+        ),
+        &[
+            "way",
+            "acquire p50",
+            "acquire p99",
+            "cycle p50",
+            "cycle p99",
+            "acquire p50 / default",
+        ],
+    );
+    let base = samples[0].0.p50();
+    for (k, (name, _)) in ways.iter().enumerate() {
+        let (acquire, cycle) = &samples[k];
+        report.line(
+            &[
+                (*name).into(),
+                f(acquire.p50()),
+                f(acquire.p99()),
+                f(cycle.p50()),
+                f(cycle.p99()),
+                ratio(acquire.p50(), base),
+            ],
+            json!({
+                "scenario": 9, "way": name,
+                "acquire_p50_ms": acquire.p50(), "acquire_p99_ms": acquire.p99(),
+                "cycle_p50_ms": cycle.p50(), "cycle_p99_ms": cycle.p99(),
+            }),
+        );
+    }
+    drop(aof);
+}
