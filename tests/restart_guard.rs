@@ -7,7 +7,8 @@ use std::time::{Duration, Instant};
 
 use rand::RngExt;
 use redlock_harness::checker::Checker;
-use redlock_harness::{Cluster, resource};
+use redlock_harness::fault::{self, minority_server_cycles, plan};
+use redlock_harness::{Cluster, RedisServer, resource};
 use redlock_quorum::{Error, NodeError, Redlock};
 
 /// The guard's `max_ttl`, and the ttl of the guarded locks here.
@@ -41,6 +42,61 @@ async fn age_markers(cluster: &Cluster) {
     let redlock = guarded(cluster);
     let _ = redlock.try_lock(&resource("age"), MAX_TTL).await;
     tokio::time::sleep(MAX_TTL + Duration::from_millis(100)).await;
+}
+
+/// The contender processes of the workload test below: this test binary,
+/// re-run by `fault::run`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "run by the workload test as a separate contender process"]
+async fn child_contender() {
+    fault::child_contender().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_contention_an_immediate_restart_without_persistence_lets_no_one_in_twice() {
+    // The fault suite's workload (six tasks and two processes contending,
+    // the checker on one clock), against the negative control's fault made
+    // repeatable: a random minority is paused (its data kept), so holders
+    // get a bare majority; one node of that majority restarts at once,
+    // empty; the paused ones resume. The nodes without the holder's key are
+    // now a majority. Unguarded, a second client walks in (planting
+    // `restart_guard = None` here gave violations); guarded, the restarted
+    // node counts only once its data is max_ttl old.
+    let mut cluster = Cluster::start(5);
+    let ttl = Duration::from_millis(400);
+    let mut p = plan(
+        cluster.urls().to_vec(),
+        "guard-workload",
+        ttl,
+        (100, 200),
+        false,
+    );
+    p.restart_guard = Some(ttl);
+    // The markers of the fresh cluster first grow old enough to count.
+    let warm = fault::plan_builder(&p).build().unwrap();
+    let _ = warm.try_lock(&resource("guard-warm"), ttl).await;
+    tokio::time::sleep(ttl + Duration::from_millis(50)).await;
+    let name = "bare majority, one of it restarted at once, restart guard";
+    fault::run(name, &mut cluster, &p, async |c, end| {
+        let mut faults = 0;
+        while Instant::now() < end {
+            let paused = fault::minority();
+            for i in paused {
+                c.node(i).pause();
+            }
+            tokio::time::sleep(Duration::from_millis(150)).await;
+            let others: Vec<usize> = (0..5).filter(|i| !paused.contains(i)).collect();
+            let forgetful = others[rand::rng().random_range(0..others.len())];
+            c.node(forgetful).restart();
+            for i in paused {
+                c.node(i).resume();
+            }
+            faults += 1;
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+        faults
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
