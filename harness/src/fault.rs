@@ -172,7 +172,7 @@ pub async fn run_workload<F: Future<Output = u64>>(
         .collect();
     let tasks: Vec<_> = (0..IN_PROCESS)
         .map(|i| {
-            let redlock = plan_builder(&plan).build().unwrap();
+            let redlock = plan_builder(plan).build().unwrap();
             let (plan, sink) = (plan.clone(), Sink::Checker(checker.clone()));
             tokio::spawn(workload::contend(redlock, format!("task-{i}"), plan, sink))
         })
