@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 
 use rand::RngExt;
 use redlock_harness::checker::Checker;
-use redlock_harness::fault::{self, minority_server_cycles, plan};
-use redlock_harness::{Cluster, RedisServer, resource};
+use redlock_harness::fault::{self, plan};
+use redlock_harness::{Cluster, resource};
 use redlock_quorum::{Error, NodeError, Redlock};
 
 /// The guard's `max_ttl`, and the ttl of the guarded locks here.
