@@ -127,6 +127,7 @@ pub(crate) struct Config {
     pub(crate) renew_concurrency: usize,
     pub(crate) restart_guard: Option<Duration>,
     pub(crate) durability: Durability,
+    pub(crate) stats: bool,
     #[cfg(feature = "tls")]
     pub(crate) tls: Option<crate::tls::TlsConfig>,
 }
@@ -186,6 +187,7 @@ impl RedlockBuilder {
                 renew_concurrency: DEFAULT_RENEW_CONCURRENCY,
                 restart_guard: None,
                 durability: Durability::Memory,
+                stats: true,
                 #[cfg(feature = "tls")]
                 tls: None,
             },
@@ -325,6 +327,15 @@ impl RedlockBuilder {
         self
     }
 
+    /// Whether [`Redlock::stats`] counts (a relaxed atomic add per event, and
+    /// one histogram bucket per grant). Defaults to on; off, `stats()`
+    /// reports zeros. The `metrics` feature's facade calls are not affected.
+    /// The benchmark measures the difference (scenario 9).
+    pub fn stats(mut self, enabled: bool) -> Self {
+        self.config.stats = enabled;
+        self
+    }
+
     /// The certificates for `rediss://` nodes: a custom CA, a client
     /// identity for mutual TLS (feature `tls`). Defaults to the system's
     /// roots and no client certificate.
@@ -444,7 +455,7 @@ impl RedlockBuilder {
         }
         let renewals = tokio::sync::Semaphore::new(config.renew_concurrency);
         let retries = Retries::new(nodes.len());
-        let stats = crate::stats::Counters::new(nodes.len());
+        let stats = crate::stats::Counters::new(nodes.len(), config.stats);
         Ok(Redlock {
             inner: Arc::new(Inner {
                 nodes,

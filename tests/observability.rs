@@ -110,3 +110,32 @@ async fn health_reports_persistence_roles_and_down_nodes() {
     );
     assert!(warnings.contains("even number"), "{warnings}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stats_off_counts_nothing() {
+    let mut cluster = Cluster::start(3);
+    let on = cluster.builder().retry_count(0).build().unwrap();
+    let off = cluster
+        .builder()
+        .retry_count(0)
+        .stats(false)
+        .build()
+        .unwrap();
+    let res = resource("stats-off");
+    for redlock in [&on, &off] {
+        let lock = redlock.lock(&res, TTL).await.unwrap();
+        redlock.unlock(&lock).await.unwrap();
+    }
+    cluster.node(2).kill();
+    for redlock in [&on, &off] {
+        let lock = redlock.lock(&res, TTL).await.unwrap();
+        redlock.unlock(&lock).await.unwrap();
+    }
+    let (on, off) = (on.stats(), off.stats());
+    assert_eq!((on.attempts, on.grants), (2, 2));
+    assert!(on.node_failures.iter().any(|(_, n)| *n > 0));
+    assert!(on.acquire_p50.is_some());
+    assert_eq!((off.attempts, off.grants, off.conflicts), (0, 0, 0));
+    assert!(off.node_failures.iter().all(|(_, n)| *n == 0));
+    assert_eq!(off.acquire_p50, None);
+}

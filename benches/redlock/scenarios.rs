@@ -664,4 +664,72 @@ pub(crate) async fn scenario_safety_options(env: &Env, report: &mut Report) {
         );
     }
     drop(aof);
+
+    // Throughput of the options that cost CPU, not disk: 64 tasks, slices
+    // taken in a rotating order.
+    let stats_off = Redlock::builder(urls()).stats(false).build().unwrap();
+    let ways: [(&str, &Redlock); 3] = [
+        ("default (stats on)", &plain),
+        ("stats(false)", &stats_off),
+        ("restart_guard", &guarded),
+    ];
+    const TASKS: usize = 64;
+    let slices = if env.quick { 3 } else { 15 };
+    let slice = Duration::from_millis(300);
+    let mut cycles = [0u64; 3];
+    let mut elapsed = [Duration::ZERO; 3];
+    for round in 0..slices {
+        for step in 0..3 {
+            let k = (round + step) % 3;
+            let count = Arc::new(AtomicU64::new(0));
+            let stop = Arc::new(AtomicBool::new(false));
+            let start = Instant::now();
+            let tasks: Vec<_> = (0..TASKS)
+                .map(|t| {
+                    let (count, stop) = (count.clone(), stop.clone());
+                    let redlock = ways[k].1.clone();
+                    tokio::spawn(async move {
+                        let mut i = 0u64;
+                        while !stop.load(Ordering::Relaxed) {
+                            let key = format!("bench:safety-tp:{round}:{k}:{t}:{i}");
+                            i += 1;
+                            let Ok(lock) = redlock.try_lock(&key, GUARD).await else {
+                                continue;
+                            };
+                            if redlock.unlock(&lock).await.is_ok() {
+                                count.fetch_add(1, Ordering::Relaxed);
+                            }
+                        }
+                    })
+                })
+                .collect();
+            tokio::time::sleep(slice).await;
+            stop.store(true, Ordering::Relaxed);
+            for t in tasks {
+                let _ = t.await;
+            }
+            cycles[k] += count.load(Ordering::Relaxed);
+            elapsed[k] += start.elapsed();
+        }
+    }
+    let rates: Vec<f64> = (0..3)
+        .map(|k| cycles[k] as f64 / elapsed[k].as_secs_f64())
+        .collect();
+    report.section(
+        &format!(
+            "9b. throughput of the same options: {TASKS} tasks, {slices} x {} ms slices each, interleaved",
+            slice.as_millis()
+        ),
+        &["way", "cycles/s", "/ stats(false)"],
+    );
+    for (k, (name, _)) in ways.iter().enumerate() {
+        report.line(
+            &[
+                (*name).into(),
+                format!("{:.0}", rates[k]),
+                ratio(rates[k], rates[1]),
+            ],
+            json!({"scenario": "9b", "way": name, "cycles_per_s": rates[k], "tasks": TASKS}),
+        );
+    }
 }
