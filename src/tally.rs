@@ -57,6 +57,7 @@ pub(crate) enum Reply {
     /// the restart guard's `max_ttl`: it does not count towards the quorum.
     Young {
         age: std::time::Duration,
+        max_ttl: std::time::Duration,
         healed: bool,
     },
 }
@@ -187,12 +188,16 @@ impl Tally {
                 self.refused += 1;
                 NodeError::NotOurs
             }
-            Ok(Reply::Young { age, healed }) => {
+            Ok(Reply::Young {
+                age,
+                max_ttl,
+                healed,
+            }) => {
                 self.young.push(index);
                 if healed {
                     self.healed.push(index);
                 }
-                NodeError::Young { age }
+                NodeError::Young { age, max_ttl }
             }
             Ok(Reply::Healed) => {
                 self.refused += 1;
