@@ -316,7 +316,12 @@ impl Redlock {
                 }
             };
             let split_rounds = if last { timing::SPLIT_VOTE_ROUNDS } else { 0 };
-            match self.attempt(resources, ttl, split_rounds).await {
+            let span = trace::span!("attempt", n = retries);
+            match self
+                .attempt(resources, ttl, split_rounds)
+                .in_span(span)
+                .await
+            {
                 Ok(lock) => return Ok(lock),
                 Err(e) if !last && is_retryable(&e) => {
                     trace::debug!(attempt = retries, error = %e, ?pause, "attempt failed; retrying");

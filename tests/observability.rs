@@ -139,3 +139,84 @@ async fn stats_off_counts_nothing() {
     assert!(off.node_failures.iter().all(|(_, n)| *n == 0));
     assert_eq!(off.acquire_p50, None);
 }
+
+/// The `metrics` feature: the same events through the `metrics` facade, as
+/// a recorder (here metrics-util's debugging one) sees them.
+#[cfg(feature = "metrics")]
+#[test]
+fn the_metrics_feature_emits_the_counters() {
+    use metrics_util::MetricKind;
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let mut cluster = Cluster::start(3);
+    let redlock = cluster.builder().retry_count(0).build().unwrap();
+    let other = cluster.redlock();
+    let res = resource("metrics");
+    metrics::with_local_recorder(&recorder, || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let lock = redlock.lock(&res, TTL).await.unwrap();
+            redlock.unlock(&lock).await.unwrap();
+            let held = other.lock(&res, TTL).await.unwrap();
+            assert!(redlock.lock(&res, TTL).await.is_err());
+            other.unlock(&held).await.unwrap();
+        });
+    });
+    cluster.node(2).kill();
+    metrics::with_local_recorder(&recorder, || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let lock = redlock.lock(&res, TTL).await.unwrap();
+            redlock.unlock(&lock).await.unwrap();
+        });
+    });
+    let mut counters = std::collections::BTreeMap::new();
+    let mut histogram_samples = 0;
+    for (key, _, _, value) in snapshotter.snapshot().into_vec() {
+        let (kind, key) = key.into_parts();
+        let labels: Vec<String> = key
+            .labels()
+            .map(|l| format!("{}={}", l.key(), l.value()))
+            .collect();
+        let name = format!("{}{{{}}}", key.name(), labels.join(","));
+        match (kind, value) {
+            (MetricKind::Counter, DebugValue::Counter(n)) => {
+                counters.insert(name, n);
+            }
+            (MetricKind::Histogram, DebugValue::Histogram(v)) => histogram_samples += v.len(),
+            _ => {}
+        }
+    }
+    // Both managers report to the recorder: four attempts (redlock's two
+    // grants and its conflict, other's grant).
+    assert_eq!(
+        counters.get("redlock_attempts_total{}"),
+        Some(&4),
+        "{counters:?}"
+    );
+    assert_eq!(
+        counters.get("redlock_acquisitions_total{outcome=granted}"),
+        Some(&3),
+        "{counters:?}"
+    );
+    assert_eq!(
+        counters.get("redlock_acquisitions_total{outcome=conflict}"),
+        Some(&1),
+        "{counters:?}"
+    );
+    let node_failures: u64 = counters
+        .iter()
+        .filter(|(k, _)| k.starts_with("redlock_node_failures_total{node="))
+        .map(|(_, n)| *n)
+        .sum();
+    assert!(node_failures >= 1, "{counters:?}");
+    assert_eq!(histogram_samples, 3, "one latency per grant");
+}
