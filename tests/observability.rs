@@ -154,30 +154,28 @@ fn the_metrics_feature_emits_the_counters() {
     let redlock = cluster.builder().retry_count(0).build().unwrap();
     let other = cluster.redlock();
     let res = resource("metrics");
-    metrics::with_local_recorder(&recorder, || {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        rt.block_on(async {
-            let lock = redlock.lock(&res, TTL).await.unwrap();
-            redlock.unlock(&lock).await.unwrap();
-            let held = other.lock(&res, TTL).await.unwrap();
-            assert!(redlock.lock(&res, TTL).await.is_err());
-            other.unlock(&held).await.unwrap();
-        });
-    });
+    // Runs `work` on a runtime of its own with the recorder installed.
+    let recorded = |work: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + '_>>| {
+        metrics::with_local_recorder(&recorder, || {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap()
+                .block_on(work)
+        })
+    };
+    recorded(Box::pin(async {
+        let lock = redlock.lock(&res, TTL).await.unwrap();
+        redlock.unlock(&lock).await.unwrap();
+        let held = other.lock(&res, TTL).await.unwrap();
+        assert!(redlock.lock(&res, TTL).await.is_err());
+        other.unlock(&held).await.unwrap();
+    }));
     cluster.node(2).kill();
-    metrics::with_local_recorder(&recorder, || {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        rt.block_on(async {
-            let lock = redlock.lock(&res, TTL).await.unwrap();
-            redlock.unlock(&lock).await.unwrap();
-        });
-    });
+    recorded(Box::pin(async {
+        let lock = redlock.lock(&res, TTL).await.unwrap();
+        redlock.unlock(&lock).await.unwrap();
+    }));
     let mut counters = std::collections::BTreeMap::new();
     let mut histogram_samples = 0;
     for (key, _, _, value) in snapshotter.snapshot().into_vec() {

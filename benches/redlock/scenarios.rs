@@ -500,43 +500,17 @@ pub(crate) async fn scenario_two_resources(env: &Env, report: &mut Report) {
     }
     let slices = if env.quick { 3 } else { 15 };
     let slice = Duration::from_millis(300);
-    let mut cycles = [0u64; 2];
-    let mut elapsed = [Duration::ZERO; 2];
-    for round in 0..slices {
-        for step in 0..2 {
-            let k = (round + step) % 2;
-            let many = WAYS[k].1;
-            let count = Arc::new(AtomicU64::new(0));
-            let stop = Arc::new(AtomicBool::new(false));
-            let start = Instant::now();
-            let tasks: Vec<_> = (0..TASKS)
-                .map(|t| {
-                    let (count, stop, redlock) = (count.clone(), stop.clone(), redlock.clone());
-                    tokio::spawn(async move {
-                        let mut i = 0u64;
-                        while !stop.load(Ordering::Relaxed) {
-                            let x = format!("bench:two-tp:{round}:{t}:{i}:x");
-                            let y = format!("bench:two-tp:{round}:{t}:{i}:y");
-                            i += 1;
-                            if two_resources(&redlock, many, &x, &y).await.is_some() {
-                                count.fetch_add(1, Ordering::Relaxed);
-                            }
-                        }
-                    })
-                })
-                .collect();
-            tokio::time::sleep(slice).await;
-            stop.store(true, Ordering::Relaxed);
-            for t in tasks {
-                let _ = t.await;
-            }
-            cycles[k] += count.load(Ordering::Relaxed);
-            elapsed[k] += start.elapsed();
+    let rates = interleaved_rates(2, slices, slice, TASKS, move |k, name| {
+        let redlock = redlock.clone();
+        async move {
+            let (x, y) = (
+                format!("bench:two-tp:{name}:x"),
+                format!("bench:two-tp:{name}:y"),
+            );
+            two_resources(&redlock, WAYS[k].1, &x, &y).await.is_some()
         }
-    }
-    let rates: Vec<f64> = (0..2)
-        .map(|k| cycles[k] as f64 / elapsed[k].as_secs_f64())
-        .collect();
+    })
+    .await;
     report.section(
         &format!(
             "8. two resources: one set against two single locks taken one after the other (released together); {n} cycles each for latency (ms), {TASKS} tasks x {slices} x {} ms slices for throughput",
@@ -676,45 +650,18 @@ pub(crate) async fn scenario_safety_options(env: &Env, report: &mut Report) {
     const TASKS: usize = 64;
     let slices = if env.quick { 3 } else { 15 };
     let slice = Duration::from_millis(300);
-    let mut cycles = [0u64; 3];
-    let mut elapsed = [Duration::ZERO; 3];
-    for round in 0..slices {
-        for step in 0..3 {
-            let k = (round + step) % 3;
-            let count = Arc::new(AtomicU64::new(0));
-            let stop = Arc::new(AtomicBool::new(false));
-            let start = Instant::now();
-            let tasks: Vec<_> = (0..TASKS)
-                .map(|t| {
-                    let (count, stop) = (count.clone(), stop.clone());
-                    let redlock = ways[k].1.clone();
-                    tokio::spawn(async move {
-                        let mut i = 0u64;
-                        while !stop.load(Ordering::Relaxed) {
-                            let key = format!("bench:safety-tp:{round}:{k}:{t}:{i}");
-                            i += 1;
-                            let Ok(lock) = redlock.try_lock(&key, GUARD).await else {
-                                continue;
-                            };
-                            if redlock.unlock(&lock).await.is_ok() {
-                                count.fetch_add(1, Ordering::Relaxed);
-                            }
-                        }
-                    })
-                })
-                .collect();
-            tokio::time::sleep(slice).await;
-            stop.store(true, Ordering::Relaxed);
-            for t in tasks {
-                let _ = t.await;
+    let managers: Arc<[Redlock]> = ways.iter().map(|(_, r)| (*r).clone()).collect();
+    let rates = interleaved_rates(3, slices, slice, TASKS, move |k, name| {
+        let redlock = managers[k].clone();
+        async move {
+            let key = format!("bench:safety-tp:{k}:{name}");
+            match redlock.try_lock(&key, GUARD).await {
+                Ok(lock) => redlock.unlock(&lock).await.is_ok(),
+                Err(_) => false,
             }
-            cycles[k] += count.load(Ordering::Relaxed);
-            elapsed[k] += start.elapsed();
         }
-    }
-    let rates: Vec<f64> = (0..3)
-        .map(|k| cycles[k] as f64 / elapsed[k].as_secs_f64())
-        .collect();
+    })
+    .await;
     report.section(
         &format!(
             "9b. throughput of the same options: {TASKS} tasks, {slices} x {} ms slices each, interleaved",
@@ -732,4 +679,56 @@ pub(crate) async fn scenario_safety_options(env: &Env, report: &mut Report) {
             json!({"scenario": "9b", "way": name, "cycles_per_s": rates[k], "tasks": TASKS}),
         );
     }
+}
+
+/// Cycles per second of each of `ways` ways, measured in `slices` rounds of
+/// one `slice` per way, the ways taking turns in a rotating order (so that
+/// drift in the machine's load hits all alike), `tasks` tasks each running
+/// `cycle(way, unique name)` until the slice ends; a cycle counts when it
+/// returns true.
+async fn interleaved_rates<F, Fut>(
+    ways: usize,
+    slices: usize,
+    slice: Duration,
+    tasks: usize,
+    cycle: F,
+) -> Vec<f64>
+where
+    F: Fn(usize, String) -> Fut + Clone + Send + Sync + 'static,
+    Fut: Future<Output = bool> + Send,
+{
+    let mut cycles = vec![0u64; ways];
+    let mut elapsed = vec![Duration::ZERO; ways];
+    for round in 0..slices {
+        for step in 0..ways {
+            let k = (round + step) % ways;
+            let count = Arc::new(AtomicU64::new(0));
+            let stop = Arc::new(AtomicBool::new(false));
+            let start = Instant::now();
+            let handles: Vec<_> = (0..tasks)
+                .map(|t| {
+                    let (count, stop, cycle) = (count.clone(), stop.clone(), cycle.clone());
+                    tokio::spawn(async move {
+                        let mut i = 0u64;
+                        while !stop.load(Ordering::Relaxed) {
+                            i += 1;
+                            if cycle(k, format!("{round}:{t}:{i}")).await {
+                                count.fetch_add(1, Ordering::Relaxed);
+                            }
+                        }
+                    })
+                })
+                .collect();
+            tokio::time::sleep(slice).await;
+            stop.store(true, Ordering::Relaxed);
+            for h in handles {
+                let _ = h.await;
+            }
+            cycles[k] += count.load(Ordering::Relaxed);
+            elapsed[k] += start.elapsed();
+        }
+    }
+    (0..ways)
+        .map(|k| cycles[k] as f64 / elapsed[k].as_secs_f64())
+        .collect()
 }
