@@ -32,6 +32,87 @@ pub const DEFAULT_RENEW_CONCURRENCY: usize = 256;
 /// Default clock drift factor.
 pub const DEFAULT_DRIFT_FACTOR: f64 = 0.01;
 
+/// What a node's agreement to a write (an acquisition, an extension, a
+/// fencing write) must include before it counts towards the quorum. Set with
+/// [`RedlockBuilder::durability`].
+///
+/// The confirmation is pipelined behind the write, so it costs no extra
+/// round trip, but the node answers only once it has confirmed (or its
+/// timeout ran out): the time comes off the lock's validity. A node that
+/// answers without confirming in time counts as not answering (its write is
+/// released if the lock is not granted). A node that cannot confirm at all
+/// (the command is unknown there, or AOF is off for `Disk`) gives
+/// [`NodeError::Durability`](crate::NodeError::Durability): a configuration
+/// error, never a silent downgrade.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum Durability {
+    /// The write is in the node's memory: the default, as in every Redlock
+    /// client. Safe after a crash only with `appendfsync always`, or with a
+    /// restart delayed past the largest ttl, or with the restart guard.
+    #[default]
+    Memory,
+    /// The write reached the node's append-only file on disk: `WAITAOF 1 0
+    /// <timeout>` (Redis 7.2 or later, Valkey). Needs `appendonly yes`; with
+    /// `appendfsync everysec` this waits for the next fsync, up to a second.
+    Disk {
+        /// How long the node may wait for its fsync (`WAITAOF`'s timeout).
+        /// Must be shorter than the node timeout.
+        timeout: Duration,
+    },
+    /// The write reached this many replicas of the node: `WAIT <replicas>
+    /// <timeout>`, for masters that have replicas and may fail over.
+    Replicas {
+        /// How many replicas must acknowledge the write.
+        replicas: u32,
+        /// How long the node may wait for them (`WAIT`'s timeout). Must be
+        /// shorter than the node timeout.
+        timeout: Duration,
+    },
+}
+
+impl Durability {
+    /// The confirmation command.
+    pub(crate) fn command(self) -> redis::Cmd {
+        let millis = |t: Duration| u64::try_from(t.as_millis()).unwrap_or(u64::MAX).max(1);
+        match self {
+            Durability::Memory => redis::cmd("PING"),
+            Durability::Disk { timeout } => {
+                let mut cmd = redis::cmd("WAITAOF");
+                cmd.arg(1).arg(0).arg(millis(timeout));
+                cmd
+            }
+            Durability::Replicas { replicas, timeout } => {
+                let mut cmd = redis::cmd("WAIT");
+                cmd.arg(replicas).arg(millis(timeout));
+                cmd
+            }
+        }
+    }
+
+    /// Whether the confirmation's reply confirms the write.
+    pub(crate) fn confirmed(self, reply: &redis::Value) -> bool {
+        use redis::Value;
+        match (self, reply) {
+            (Durability::Memory, _) => true,
+            (Durability::Disk { .. }, Value::Array(counts)) => {
+                matches!(counts.first(), Some(Value::Int(local)) if *local >= 1)
+            }
+            (Durability::Replicas { replicas, .. }, Value::Int(acked)) => {
+                *acked >= i64::from(replicas)
+            }
+            _ => false,
+        }
+    }
+
+    fn timeout(self) -> Option<Duration> {
+        match self {
+            Durability::Memory => None,
+            Durability::Disk { timeout } | Durability::Replicas { timeout, .. } => Some(timeout),
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 pub(crate) struct Config {
     pub(crate) retry_count: u32,
@@ -45,6 +126,8 @@ pub(crate) struct Config {
     pub(crate) max_hold: Option<Duration>,
     pub(crate) renew_concurrency: usize,
     pub(crate) restart_guard: Option<Duration>,
+    pub(crate) durability: Durability,
+    pub(crate) stats: bool,
     #[cfg(feature = "tls")]
     pub(crate) tls: Option<crate::tls::TlsConfig>,
 }
@@ -103,6 +186,8 @@ impl RedlockBuilder {
                 max_hold: None,
                 renew_concurrency: DEFAULT_RENEW_CONCURRENCY,
                 restart_guard: None,
+                durability: Durability::Memory,
+                stats: true,
                 #[cfg(feature = "tls")]
                 tls: None,
             },
@@ -239,6 +324,24 @@ impl RedlockBuilder {
         self
     }
 
+    /// What a node must confirm before its agreement to a write counts: the
+    /// write in memory (the default), on disk (`WAITAOF`), or on replicas
+    /// (`WAIT`). See [`Durability`]. The confirmation's timeout must be
+    /// shorter than the [node timeout](RedlockBuilder::node_timeout).
+    pub fn durability(mut self, durability: Durability) -> Self {
+        self.config.durability = durability;
+        self
+    }
+
+    /// Whether [`Redlock::stats`] counts (a relaxed atomic add per event, and
+    /// one histogram bucket per grant). Defaults to on; off, `stats()`
+    /// reports zeros. The `metrics` feature's facade calls are not affected.
+    /// The benchmark measures the difference (scenario 9).
+    pub fn stats(mut self, enabled: bool) -> Self {
+        self.config.stats = enabled;
+        self
+    }
+
     /// The certificates for `rediss://` nodes: a custom CA, a client
     /// identity for mutual TLS (feature `tls`). Defaults to the system's
     /// roots and no client certificate.
@@ -306,6 +409,16 @@ impl RedlockBuilder {
                 reason: "must be longer than zero and at most MAX_TTL",
             });
         }
+        if config
+            .durability
+            .timeout()
+            .is_some_and(|t| t.is_zero() || t >= config.node_timeout)
+        {
+            return Err(Error::InvalidSetting {
+                setting: "durability",
+                reason: "the confirmation timeout must be longer than zero and shorter than node_timeout",
+            });
+        }
         let generation = Generation {
             marker: generation::marker_key(&config.key_prefix),
             candidate: new_token()?,
@@ -348,7 +461,7 @@ impl RedlockBuilder {
         }
         let renewals = tokio::sync::Semaphore::new(config.renew_concurrency);
         let retries = Retries::new(nodes.len());
-        let stats = crate::stats::Counters::new(nodes.len());
+        let stats = crate::stats::Counters::new(nodes.len(), config.stats);
         let waits = crate::wait::Waits::new(nodes.clone());
         Ok(Redlock {
             inner: Arc::new(Inner {

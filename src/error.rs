@@ -204,7 +204,7 @@ pub enum Error {
     /// repeat. Ask again once every node answers, and once a node that lost
     /// its data has been back for the restart guard's `max_ttl`.
     #[error(
-        "fencing token for {resource:?} not proven: {answered} of {nodes} nodes answered with their counter, {untrusted} of them with a counter missing or from an earlier generation (a node that lost its data, or never had the counter); every node must answer to re-synchronise them; {}",
+        "fencing token for {resource:?} not proven: {answered} of {nodes} nodes answered with their counter, {untrusted} of them with a counter missing or from an earlier generation (a node that lost its data, or never had the counter); every node must answer (and, under the restart guard, be at least max_ttl old) to re-synchronise them; {}",
         NodeFailures(.failures)
     )]
     FencingUnproven {
@@ -271,10 +271,13 @@ impl fmt::Display for NodeFailure {
 /// Why one node did not agree in a quorum round.
 ///
 /// Which failures a retry can fix: [`Timeout`](NodeError::Timeout),
-/// [`Unreachable`](NodeError::Unreachable) and [`Busy`](NodeError::Busy)
-/// say nothing about the key, and `lock` retries them like a conflict.
-/// [`Reply`](NodeError::Reply), [`UnexpectedReply`](NodeError::UnexpectedReply)
-/// and [`SameServer`](NodeError::SameServer) will not change by retrying;
+/// [`Unreachable`](NodeError::Unreachable), [`Busy`](NodeError::Busy) and
+/// [`NotDurable`](NodeError::NotDurable) say nothing certain about the key,
+/// and `lock` retries them like a conflict; a [`Young`](NodeError::Young)
+/// node is not counted, and retried, until its data is old enough.
+/// [`Reply`](NodeError::Reply), [`UnexpectedReply`](NodeError::UnexpectedReply),
+/// [`Tls`](NodeError::Tls), [`Durability`](NodeError::Durability) and
+/// [`SameServer`](NodeError::SameServer) will not change by retrying;
 /// when they leave no quorum possible, the call fails at once.
 #[derive(Debug, Clone)]
 #[non_exhaustive]
@@ -311,7 +314,18 @@ pub enum NodeError {
     Young {
         /// The age of the node's data (its generation marker), on its clock.
         age: Duration,
+        /// The restart guard's `max_ttl`: the node counts at that age.
+        max_ttl: Duration,
     },
+    /// The node took the write but did not confirm its durability in time
+    /// ([`Durability`](crate::Durability)): `WAITAOF` or `WAIT` timed out.
+    /// Counted as not answering, and retried.
+    NotDurable,
+    /// The node cannot confirm durability at all: `WAITAOF` is unknown there
+    /// (Redis before 7.2), or AOF is off, or `WAIT` is refused. A
+    /// configuration error, not retried; the write it may have taken is
+    /// released.
+    Durability(redis::RedisError),
     /// This entry of the node list reaches the same server as another one.
     SameServer {
         /// Position of the other entry.
@@ -344,7 +358,10 @@ impl NodeError {
     pub fn is_transient(&self) -> bool {
         matches!(
             self,
-            NodeError::Timeout | NodeError::Unreachable(_) | NodeError::Busy(_)
+            NodeError::Timeout
+                | NodeError::Unreachable(_)
+                | NodeError::Busy(_)
+                | NodeError::NotDurable
         )
     }
 
@@ -381,10 +398,22 @@ impl fmt::Display for NodeError {
             NodeError::Reply(e) => write!(f, "error reply ({e})"),
             NodeError::UnexpectedReply(v) => write!(f, "unexpected reply {v}"),
             NodeError::Tls(e) => write!(f, "TLS handshake failed ({e})"),
-            NodeError::Young { age } => write!(
+            NodeError::NotDurable => {
+                f.write_str("took the write but did not confirm it durable in time")
+            }
+            NodeError::Durability(e) if e.code() == Some("NOPERM") => write!(
                 f,
-                "agreed, but its data is only {age:?} old (it restarted empty or is new): \
-                 not counted until it is as old as the restart guard's max_ttl"
+                "cannot confirm durability ({e}): the user's ACL needs +waitaof (or +wait)"
+            ),
+            NodeError::Durability(e) => write!(
+                f,
+                "cannot confirm durability ({e}): WAITAOF needs Redis 7.2 or later, or Valkey, with appendonly yes"
+            ),
+            NodeError::Young { age, max_ttl } => write!(
+                f,
+                "agreed, but its data is only {age:?} old (it restarted empty, or is new): \
+                 the restart guard counts it once it is {max_ttl:?} old, in {:?}",
+                max_ttl.saturating_sub(*age)
             ),
             NodeError::SameServer {
                 other_index,
@@ -400,6 +429,7 @@ impl std::error::Error for NodeError {
             NodeError::Unreachable(e)
             | NodeError::Busy(e)
             | NodeError::Reply(e)
+            | NodeError::Durability(e)
             | NodeError::Tls(e) => Some(e),
             _ => None,
         }

@@ -138,12 +138,17 @@ impl Redlock {
         let highest = tally.highest.unwrap_or(0);
         let token = u64::try_from(highest).unwrap_or(0) + 1;
 
-        let write = multi::fence_request(generation, lock, Some(token));
+        let write = multi::fence_request(generation, lock, Some(token))
+            .durable(self.inner.config.durability);
+        // The write waits for every node (each bounded by the timeouts), not
+        // only a quorum: a counter that a slower node never got (an unlock
+        // that overtook it finds the lock gone) is one more untrusted
+        // counter for the next holder's read to prove around.
         let Round { tally, .. } = round::round(
             &self.inner,
             None,
             Ask::Owned,
-            Until::Decided,
+            Until::AllNodes,
             write,
             &lock.in_flight,
             generation.reader(scripts::read_flag),

@@ -125,11 +125,17 @@ impl Generation {
             let age = Duration::from_millis(u64::try_from(age).unwrap_or(0));
             Ok(match (guard, reply) {
                 (Some(max_ttl), Reply::Agreed(_) | Reply::Untrusted(_)) if age < max_ttl => {
-                    Reply::Young { age, healed: false }
+                    Reply::Young {
+                        age,
+                        max_ttl,
+                        healed: false,
+                    }
                 }
-                (Some(max_ttl), Reply::Healed) if age < max_ttl => {
-                    Reply::Young { age, healed: true }
-                }
+                (Some(max_ttl), Reply::Healed) if age < max_ttl => Reply::Young {
+                    age,
+                    max_ttl,
+                    healed: true,
+                },
                 // A young node's counter is not read: it is silent.
                 (Some(max_ttl), Reply::Foreign { .. }) if age < max_ttl => {
                     Reply::Refused { holder: None }
@@ -215,6 +221,7 @@ mod tests {
             reply(1, 999),
             Ok(Reply::Young {
                 age: Duration::from_millis(999),
+                max_ttl: Duration::from_secs(1),
                 healed: false
             })
         );
@@ -223,6 +230,7 @@ mod tests {
             reply(2, -5),
             Ok(Reply::Young {
                 age: Duration::ZERO,
+                max_ttl: Duration::from_secs(1),
                 healed: true
             })
         );

@@ -112,9 +112,16 @@
 //! - A node that restarts without persistence forgets the keys it held; if
 //!   it rejoins before the largest ttl has passed, a second client can gain a
 //!   quorum while the first still holds its lock. Run the nodes with
-//!   `appendfsync always`, or restart them only after the largest ttl.
+//!   `appendfsync always` (and, to count only what reached the disk,
+//!   [`RedlockBuilder::durability`]), restart them only after the largest
+//!   ttl, or turn on [`RedlockBuilder::restart_guard`], which keeps a node
+//!   whose data is younger than the largest ttl out of every quorum.
 //!   (Healing renewals put a guard's key back on such a node, but only at the
 //!   next renewal.)
+//! - Fencing tokens never repeat or go down while fewer than half the nodes
+//!   lose their data between two successive tokens; when a token cannot be
+//!   proven larger than every earlier one, [`Redlock::fencing_token`] fails
+//!   closed with [`Error::FencingUnproven`].
 //! - Validity assumes the nodes' clocks run at about the same rate as ours
 //!   (the drift factor), not that they agree on the time.
 //! - The nodes must be Redis 7.0 or later, or Valkey: `SET` with both `NX`
@@ -149,7 +156,7 @@ mod watchdog;
 pub use crate::address::NodeAddress;
 pub use crate::builder::{
     DEFAULT_CONNECT_TIMEOUT, DEFAULT_DRIFT_FACTOR, DEFAULT_NODE_TIMEOUT, DEFAULT_RENEW_CONCURRENCY,
-    DEFAULT_RETRY_COUNT, DEFAULT_RETRY_DELAY, DEFAULT_RETRY_JITTER, RedlockBuilder,
+    DEFAULT_RETRY_COUNT, DEFAULT_RETRY_DELAY, DEFAULT_RETRY_JITTER, Durability, RedlockBuilder,
 };
 pub use crate::error::{Error, LossReason, NodeError, NodeFailure};
 pub use crate::guard::{LockGuard, LockWatch};

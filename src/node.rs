@@ -79,6 +79,10 @@ pub(crate) struct Node {
     /// Whether the server said it writes an append-only file: 0 unknown,
     /// 1 no, 2 yes.
     aof: std::sync::atomic::AtomicU8,
+    /// The server's native conditional delete, as its last connection said:
+    /// 0 unknown or none, 1 `DELIFEQ` (Valkey 9.0+), 2 `DELEX … IFEQ`
+    /// (Redis 8.4+).
+    native_release: std::sync::atomic::AtomicU8,
 }
 
 #[derive(Default)]
@@ -151,6 +155,7 @@ impl Node {
             slot: Mutex::new(Slot::default()),
             gate: tokio::sync::Mutex::new(()),
             aof: std::sync::atomic::AtomicU8::new(0),
+            native_release: std::sync::atomic::AtomicU8::new(0),
         })
     }
 
@@ -165,6 +170,29 @@ impl Node {
         match self.aof.load(std::sync::atomic::Ordering::Relaxed) {
             1 => Some(false),
             2 => Some(true),
+            _ => None,
+        }
+    }
+
+    /// The server's native "delete if the value equals" command for `key`
+    /// and `token`, if it has one (`DELIFEQ` on Valkey 9.0 or later,
+    /// `DELEX key IFEQ token` on Redis 8.4 or later). It answers 1 or 0 as
+    /// the unlock script does; used where the node refuses scripts.
+    pub(crate) fn native_release(&self, key: &[u8], token: &[u8]) -> Option<redis::Cmd> {
+        match self
+            .native_release
+            .load(std::sync::atomic::Ordering::Relaxed)
+        {
+            1 => {
+                let mut cmd = redis::cmd("DELIFEQ");
+                cmd.arg(key).arg(token);
+                Some(cmd)
+            }
+            2 => {
+                let mut cmd = redis::cmd("DELEX");
+                cmd.arg(key).arg("IFEQ").arg(token);
+                Some(cmd)
+            }
             _ => None,
         }
     }
@@ -284,6 +312,8 @@ impl Node {
                 Err(e) if e.code() == Some("NOPERM") => String::new(),
                 other => other?,
             };
+            self.native_release
+                .store(native_release(&info), std::sync::atomic::Ordering::Relaxed);
             if let Some(aof) = info_field(&info, "aof_enabled") {
                 let flag = if aof == "1" { 2 } else { 1 };
                 self.aof.store(flag, std::sync::atomic::Ordering::Relaxed);
@@ -320,6 +350,28 @@ impl Node {
     }
 }
 
+/// Which native conditional delete a server has, from `INFO server`: see
+/// [`Node::native_release`].
+fn native_release(info: &str) -> u8 {
+    let version = |field| {
+        info_field(info, field).map(|v| {
+            let mut parts = v.split('.').map(|p| p.parse::<u32>().unwrap_or(0));
+            (parts.next().unwrap_or(0), parts.next().unwrap_or(0))
+        })
+    };
+    if info_field(info, "server_name") == Some("valkey") {
+        match version("valkey_version") {
+            Some(v) if v >= (9, 0) => 1,
+            _ => 0,
+        }
+    } else {
+        match version("redis_version") {
+            Some(v) if v >= (8, 4) => 2,
+            _ => 0,
+        }
+    }
+}
+
 /// The `run_id` line of `INFO server`.
 fn run_id(info: &str) -> Option<String> {
     info_field(info, "run_id").map(str::to_owned)
@@ -347,6 +399,21 @@ pub(crate) fn label(info: &ConnectionInfo) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn native_release_by_server_and_version() {
+        let valkey = |v: &str| {
+            format!("redis_version:7.2.4\r\nserver_name:valkey\r\nvalkey_version:{v}\r\n")
+        };
+        assert_eq!(native_release(&valkey("9.1.0")), 1);
+        assert_eq!(native_release(&valkey("9.0.0")), 1);
+        assert_eq!(native_release(&valkey("8.1.2")), 0);
+        assert_eq!(native_release("redis_version:8.4.0\r\n"), 2);
+        assert_eq!(native_release("redis_version:10.0.1\r\n"), 2);
+        assert_eq!(native_release("redis_version:8.2.1\r\n"), 0);
+        assert_eq!(native_release("redis_version:7.0.15\r\n"), 0);
+        assert_eq!(native_release(""), 0);
+    }
 
     #[test]
     fn run_id_is_read_from_info() {

@@ -364,7 +364,12 @@ impl Redlock {
             let split_rounds = if last { timing::SPLIT_VOTE_ROUNDS } else { 0 };
             let pttls = Pttls::default();
             let learn = (!last).then_some(&pttls);
-            let outcome = match self.attempt(resources, ttl, split_rounds, learn).await {
+            let span = trace::span!("attempt", n = retries);
+            let outcome = match self
+                .attempt(resources, ttl, split_rounds, learn)
+                .in_span(span)
+                .await
+            {
                 Ok(lock) => {
                     if let Some(waiter) = waiter {
                         waiter.granted();
@@ -467,7 +472,8 @@ impl Redlock {
                 resource: lock.label().into_owned(),
             });
         }
-        let request = multi::extend_request(&self.inner.generation, lock, ttl.millis);
+        let request = multi::extend_request(&self.inner.generation, lock, ttl.millis)
+            .durable(self.inner.config.durability);
         let start = Instant::now();
         let Round { tally, in_flight } = round::round(
             &self.inner,
@@ -744,12 +750,16 @@ impl Redlock {
         let start = Instant::now();
         // A caller that may wait learns the holder's ttl: `PTTL` rides
         // behind the `SET` of one key (not under the restart guard, whose
-        // script reply has its own layout; there and for sets the expiry
-        // stays unknown and the timed retry bounds the wait).
-        let (request, pipelined) = match (learn, keys.as_slice(), inner.generation.guard) {
-            (Some(_), [key], None) => (wait::acquire_request(key, &token, ttl.millis), true),
+        // script reply has its own layout, nor with a durability
+        // confirmation, which has its own pipeline; there and for sets the
+        // expiry stays unknown and the timed retry bounds the wait).
+        let plain = inner.generation.guard.is_none()
+            && inner.config.durability == crate::builder::Durability::Memory;
+        let (request, pipelined) = match (learn, keys.as_slice(), plain) {
+            (Some(_), [key], true) => (wait::acquire_request(key, &token, ttl.millis), true),
             _ => (
-                multi::acquire_request(&inner.generation, &keys, &token, ttl.millis),
+                multi::acquire_request(&inner.generation, &keys, &token, ttl.millis)
+                    .durable(inner.config.durability),
                 false,
             ),
         };
@@ -883,6 +893,7 @@ impl Failed {
                 .iter()
                 .chain(unanswered)
                 .chain(&tally.young)
+                .chain(&tally.wrote)
                 .copied()
                 .collect(),
             Failed::Late { .. } => agreed.iter().chain(unanswered).copied().collect(),

@@ -19,6 +19,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use tokio::sync::Notify;
 
+use crate::builder::Durability;
 use crate::error::NodeError;
 use crate::node::Node;
 use crate::redlock::Inner;
@@ -41,6 +42,13 @@ pub(crate) enum Request {
         keys: Arc<[Vec<u8>]>,
         args: Arc<[Vec<u8>]>,
     },
+    /// A write followed, in the same round trip, by the command that
+    /// confirms its durability (`WAITAOF` or `WAIT`); see
+    /// [`Durability`].
+    Durable {
+        write: Box<Request>,
+        durability: Durability,
+    },
 }
 
 impl Request {
@@ -57,8 +65,27 @@ impl Request {
         }
     }
 
-    async fn run(&self, conn: &mut MultiplexedConnection) -> RedisResult<Value> {
+    /// This request, confirmed as `durability` asks (a write of a lock).
+    pub(crate) fn durable(self, durability: Durability) -> Self {
+        match durability {
+            Durability::Memory => self,
+            durability => Request::Durable {
+                write: Box::new(self),
+                durability,
+            },
+        }
+    }
+
+    async fn run(&self, conn: &mut MultiplexedConnection) -> Result<Value, NodeError> {
         match self {
+            Request::Durable { write, durability } => run_durable(write, *durability, conn).await,
+            other => other.run_plain(conn).await.map_err(NodeError::from_redis),
+        }
+    }
+
+    async fn run_plain(&self, conn: &mut MultiplexedConnection) -> RedisResult<Value> {
+        match self {
+            Request::Durable { write, .. } => Box::pin(write.run_plain(conn)).await,
             Request::Cmd(cmd) => cmd.query_async(conn).await,
             Request::Pipe(pipe) => {
                 let value: Value = pipe.query_async(conn).await?;
@@ -80,6 +107,70 @@ impl Request {
                 call.invoke_async(conn).await
             }
         }
+    }
+}
+
+/// Runs `write` and the durability confirmation in one pipeline (one round
+/// trip). `EVALSHA` answered with `NOSCRIPT` loads the script and sends the
+/// pipeline once more. The write's reply comes back when the node confirmed
+/// it; [`NodeError::NotDurable`] when the node answered but did not confirm
+/// in time (the write may be there: the node counts as unknown), and
+/// [`NodeError::Durability`] when it cannot confirm at all (the command is
+/// unknown there, or AOF is off for `WAITAOF`).
+async fn run_durable(
+    write: &Request,
+    durability: Durability,
+    conn: &mut MultiplexedConnection,
+) -> Result<Value, NodeError> {
+    let mut loaded = false;
+    loop {
+        let mut pipe = redis::pipe();
+        pipe.ignore_errors();
+        match write {
+            Request::Cmd(cmd) => {
+                pipe.add_command((**cmd).clone());
+            }
+            Request::Script { script, keys, args } => {
+                let evalsha = pipe.cmd("EVALSHA").arg(script.get_hash()).arg(keys.len());
+                for key in keys.iter() {
+                    evalsha.arg(key.as_slice());
+                }
+                for arg in args.iter() {
+                    evalsha.arg(arg.as_slice());
+                }
+            }
+            Request::Durable { .. } | Request::Pipe(_) => {
+                unreachable!("a durable request wraps a command or a script")
+            }
+        }
+        pipe.add_command(durability.command());
+        let replies: Vec<Value> = pipe
+            .query_async(conn)
+            .await
+            .map_err(NodeError::from_redis)?;
+        let [reply, confirmation]: [Value; 2] = replies
+            .try_into()
+            .map_err(|r| NodeError::UnexpectedReply(format!("{r:?}")))?;
+        if let Value::ServerError(error) = &reply {
+            match write {
+                Request::Script { script, .. } if error.code() == "NOSCRIPT" && !loaded => {
+                    script
+                        .prepare_invoke()
+                        .load_async(conn)
+                        .await
+                        .map_err(NodeError::from_redis)?;
+                    loaded = true;
+                    continue;
+                }
+                _ => return Err(NodeError::from_redis(error.clone().into())),
+            }
+        }
+        return match confirmation {
+            Value::ServerError(error) => Err(NodeError::Durability(error.into())),
+            value if durability.confirmed(&value) => Ok(reply),
+            Value::Array(_) | Value::Int(_) => Err(NodeError::NotDurable),
+            other => Err(NodeError::UnexpectedReply(format!("{other:?}"))),
+        };
     }
 }
 
@@ -182,13 +273,19 @@ pub(crate) async fn call(
 ) -> Result<Value, NodeError> {
     after.settled(index).await;
     let mut retried = false;
+    let mut request = request;
     loop {
         let mut conn = node.connection().await?;
         match tokio::time::timeout(node_timeout, request.run(&mut conn.conn)).await {
             Err(_) => return Err(NodeError::Timeout),
             Ok(Ok(value)) => return Ok(value),
-            Ok(Err(e)) => {
-                let error = NodeError::from_redis(e);
+            Ok(Err(error)) => {
+                if let Some(native) = native_fallback(&node, &request, &error) {
+                    // The node refuses scripts: release with its own
+                    // conditional delete instead, once.
+                    request = Request::Cmd(Arc::new(native));
+                    continue;
+                }
                 if !matches!(error, NodeError::Unreachable(_)) {
                     return Err(error);
                 }
@@ -200,6 +297,30 @@ pub(crate) async fn call(
             }
         }
     }
+}
+
+/// The native conditional delete to send instead of the single-key unlock
+/// script, when the node refused the script (scripting denied by its ACL,
+/// or `EVALSHA` renamed away) and has one (see [`Node::native_release`]).
+fn native_fallback(node: &Node, request: &Request, error: &NodeError) -> Option<Cmd> {
+    let Request::Script { script, keys, args } = request else {
+        return None;
+    };
+    let NodeError::Reply(e) = error else {
+        return None;
+    };
+    let refused = match e.code() {
+        Some("NOPERM") => true,
+        _ => e
+            .to_string()
+            .to_ascii_lowercase()
+            .contains("unknown command"),
+    };
+    let unlock: &Script = &crate::scripts::UNLOCK;
+    if !refused || !std::ptr::eq(*script, unlock) || keys.len() != 1 {
+        return None;
+    }
+    node.native_release(&keys[0], args.first()?)
 }
 
 /// How long a round listens.

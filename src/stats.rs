@@ -15,6 +15,8 @@ const BUCKETS: usize = 4 * 34;
 /// The live counters of one manager.
 #[derive(Debug)]
 pub(crate) struct Counters {
+    /// `RedlockBuilder::stats(false)` turns the counting off.
+    enabled: bool,
     attempts: AtomicU64,
     grants: AtomicU64,
     conflicts: AtomicU64,
@@ -36,8 +38,9 @@ pub(crate) enum Ended {
 }
 
 impl Counters {
-    pub(crate) fn new(nodes: usize) -> Self {
+    pub(crate) fn new(nodes: usize, enabled: bool) -> Self {
         Counters {
+            enabled,
             attempts: AtomicU64::new(0),
             grants: AtomicU64::new(0),
             conflicts: AtomicU64::new(0),
@@ -52,7 +55,9 @@ impl Counters {
 
     /// One acquisition round sent.
     pub(crate) fn attempt(&self) {
-        self.attempts.fetch_add(1, Ordering::Relaxed);
+        if self.enabled {
+            self.attempts.fetch_add(1, Ordering::Relaxed);
+        }
         #[cfg(feature = "metrics")]
         metrics::counter!("redlock_attempts_total").increment(1);
     }
@@ -61,7 +66,9 @@ impl Counters {
     pub(crate) fn ended(&self, ended: Ended) {
         let counter = match ended {
             Ended::Granted(latency) => {
-                self.latency[bucket(latency)].fetch_add(1, Ordering::Relaxed);
+                if self.enabled {
+                    self.latency[bucket(latency)].fetch_add(1, Ordering::Relaxed);
+                }
                 #[cfg(feature = "metrics")]
                 metrics::histogram!("redlock_acquire_seconds").record(latency.as_secs_f64());
                 &self.grants
@@ -70,7 +77,9 @@ impl Counters {
             Ended::NoQuorum => &self.no_quorum,
             Ended::Error => &self.errors,
         };
-        counter.fetch_add(1, Ordering::Relaxed);
+        if self.enabled {
+            counter.fetch_add(1, Ordering::Relaxed);
+        }
         #[cfg(feature = "metrics")]
         {
             let outcome = match ended {
@@ -85,21 +94,27 @@ impl Counters {
 
     /// Node `index` did not agree in a round (for any reason but a refusal).
     pub(crate) fn node_failed(&self, index: usize, _label: &str) {
-        self.node_failures[index].fetch_add(1, Ordering::Relaxed);
+        if self.enabled {
+            self.node_failures[index].fetch_add(1, Ordering::Relaxed);
+        }
         #[cfg(feature = "metrics")]
         metrics::counter!("redlock_node_failures_total", "node" => _label.to_owned()).increment(1);
     }
 
     /// A guard renewed its lock.
     pub(crate) fn renewed(&self) {
-        self.renewals.fetch_add(1, Ordering::Relaxed);
+        if self.enabled {
+            self.renewals.fetch_add(1, Ordering::Relaxed);
+        }
         #[cfg(feature = "metrics")]
         metrics::counter!("redlock_renewals_total").increment(1);
     }
 
     /// A guard lost its lock (not a release).
     pub(crate) fn lost(&self) {
-        self.losses.fetch_add(1, Ordering::Relaxed);
+        if self.enabled {
+            self.losses.fetch_add(1, Ordering::Relaxed);
+        }
         #[cfg(feature = "metrics")]
         metrics::counter!("redlock_losses_total").increment(1);
     }
@@ -221,7 +236,7 @@ mod tests {
 
     #[test]
     fn quantiles_follow_the_counts() {
-        let c = Counters::new(1);
+        let c = Counters::new(1, true);
         assert_eq!(c.quantile(0.5), None);
         for _ in 0..98 {
             c.ended(Ended::Granted(Duration::from_micros(100)));

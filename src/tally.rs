@@ -57,6 +57,7 @@ pub(crate) enum Reply {
     /// the restart guard's `max_ttl`: it does not count towards the quorum.
     Young {
         age: std::time::Duration,
+        max_ttl: std::time::Duration,
         healed: bool,
     },
 }
@@ -86,6 +87,9 @@ pub(crate) struct Tally {
     pub(crate) untrusted: usize,
     /// Nodes that answered with an error retrying cannot fix.
     pub(crate) errors: usize,
+    /// The positions of the nodes that took a write but could not confirm
+    /// its durability: our key may be there.
+    pub(crate) wrote: Vec<usize>,
     /// What each node that did not agree said.
     pub(crate) failures: Vec<NodeFailure>,
     /// The positions of the nodes whose state is unknown.
@@ -136,6 +140,7 @@ impl Tally {
             read: 0,
             untrusted: 0,
             errors: 0,
+            wrote: Vec::new(),
             failures: Vec::new(),
             unanswered: Vec::new(),
             agreed: Vec::new(),
@@ -183,12 +188,16 @@ impl Tally {
                 self.refused += 1;
                 NodeError::NotOurs
             }
-            Ok(Reply::Young { age, healed }) => {
+            Ok(Reply::Young {
+                age,
+                max_ttl,
+                healed,
+            }) => {
                 self.young.push(index);
                 if healed {
                     self.healed.push(index);
                 }
-                NodeError::Young { age }
+                NodeError::Young { age, max_ttl }
             }
             Ok(Reply::Healed) => {
                 self.refused += 1;
@@ -216,6 +225,9 @@ impl Tally {
                 {
                     self.same_server =
                         Some((index, node.to_owned(), *other_index, other_node.clone()));
+                }
+                if matches!(cause, NodeError::Durability(_)) {
+                    self.wrote.push(index);
                 }
                 if cause.is_transient() {
                     self.unknown += 1;

@@ -3,7 +3,7 @@
 //! feature, all of it compiles to nothing.
 //!
 //! Levels keep the default `info` quiet on the happy path:
-//! - `debug`: spans (`lock`, `extend`, `unlock`, `renewal`), a node that did
+//! - `debug`: spans (`lock`, each `attempt` in it with its number, `extend`, `unlock`, `renewal`), a node that did
 //!   not agree and why, a retry, a split vote, a renewal that failed and is
 //!   retried, releases owed to and retried on an unreachable node;
 //! - `warn`: a lock lost (and why), a configuration that weakens the

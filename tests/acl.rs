@@ -101,3 +101,88 @@ async fn outside_its_prefix_the_user_gets_a_typed_error_and_leaves_nothing() {
     }
     assert_eq!(cluster.values(&res), vec![None; 3]);
 }
+
+/// Whether the server has a native conditional delete (Valkey 9.0+ has
+/// `DELIFEQ`, Redis 8.4+ has `DELEX … IFEQ`).
+fn has_native_release(cluster: &Cluster) -> bool {
+    ["DELIFEQ", "DELEX"].iter().any(|name| {
+        let info: redis::Value = redis::cmd("COMMAND")
+            .arg("INFO")
+            .arg(*name)
+            .query(&mut cluster.conn(0))
+            .unwrap();
+        matches!(&info, redis::Value::Array(v) if v.iter().any(|e| !matches!(e, redis::Value::Nil)))
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_user_without_scripts_releases_with_the_servers_native_delete() {
+    // Scripting denied by the ACL. Acquisition is a plain SET; the release
+    // falls back to DELIFEQ (Valkey 9.0+) or DELEX IFEQ (Redis 8.4+) where
+    // the node has it, and is a clear NOPERM error where it has not.
+    let cluster = Cluster::start(3);
+    let rule: Vec<&str> = RULE
+        .iter()
+        .copied()
+        .filter(|c| !c.starts_with("+eval") && !c.starts_with("+script"))
+        .chain(["+delifeq", "+delex", "+info"])
+        .collect();
+    // A rule naming an unknown command is refused: name only those the
+    // server has.
+    let known = |name: &str| -> bool {
+        let info: redis::Value = redis::cmd("COMMAND")
+            .arg("INFO")
+            .arg(name)
+            .query(&mut cluster.conn(0))
+            .unwrap();
+        matches!(&info, redis::Value::Array(v) if v.iter().any(|e| !matches!(e, redis::Value::Nil)))
+    };
+    let ok_rule: Vec<&str> = rule
+        .iter()
+        .copied()
+        .filter(|c| match *c {
+            "+delifeq" => known("DELIFEQ"),
+            "+delex" => known("DELEX"),
+            _ => true,
+        })
+        .collect();
+    for i in 0..3 {
+        let _: () = redis::cmd("ACL")
+            .arg("SETUSER")
+            .arg("noscripts")
+            .arg(&ok_rule)
+            .query(&mut cluster.conn(i))
+            .unwrap();
+    }
+    let urls: Vec<String> = cluster
+        .urls()
+        .iter()
+        .map(|u| u.replacen("redis://", "redis://noscripts:locker-pass@", 1))
+        .collect();
+    let redlock = Redlock::builder(urls.iter().map(String::as_str))
+        .key_prefix("app:")
+        .node_timeout(Duration::from_millis(500))
+        .build()
+        .unwrap();
+    let res = resource("acl-native");
+    let key = format!("app:{res}");
+    let lock = redlock.lock(&res, TTL).await.unwrap();
+    let released = redlock.unlock(&lock).await;
+    if has_native_release(&cluster) {
+        assert_eq!(released.unwrap(), 3, "released natively on every node");
+        assert_eq!(cluster.values(&key), vec![None; 3]);
+        // The native delete checks the token too: another holder's key is
+        // left alone.
+        cluster.plant(&[0, 1, 2], &key, "other-holder", TTL);
+        let err = redlock.unlock(&lock).await.unwrap_err();
+        assert!(matches!(err, Error::NotHeld { .. }), "{err}");
+        assert_eq!(cluster.count(&key, "other-holder"), 3);
+    } else {
+        let err = released.unwrap_err();
+        assert!(
+            err.to_string().to_ascii_lowercase().contains("noperm"),
+            "{err}"
+        );
+        println!("no native conditional delete on this server: the NOPERM error is shown");
+    }
+}

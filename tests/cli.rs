@@ -668,3 +668,81 @@ fn a_bounded_wait_runs_out_with_the_held_code_and_a_free_lock_is_taken_within_it
     assert_eq!(code(wait_within(&mut holder, Duration::from_secs(10))), 0);
     assert_released(&cluster, &name);
 }
+
+#[test]
+fn no_quorum_is_the_config_code_and_the_output_levels_hold() {
+    let mut cluster = Cluster::start(5);
+    let dir = scratch("levels");
+    let marker = dir.join("ran");
+    let touch = format!("touch {}", marker.display());
+
+    // A run that gets the lock says nothing by default, and each step
+    // with --verbose.
+    let free = resource("levels-free");
+    for (flag, lines_ok) in [
+        (None, (0usize, 0usize)),
+        (Some("--verbose"), (4, usize::MAX)),
+    ] {
+        let mut args = vec!["run"];
+        args.extend(flag);
+        args.extend([free.as_str(), "--", "true"]);
+        let out = output(redlock(&cluster, &dir, &args));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(code(out.status), 0, "{flag:?}: {stderr}");
+        let n = stderr.lines().count();
+        assert!(
+            (lines_ok.0..=lines_ok.1).contains(&n),
+            "{flag:?}: {n} lines: {stderr}"
+        );
+    }
+
+    // Held elsewhere: by default exactly one line on stderr, with --quiet
+    // none. Exit 75 either way.
+    let name = resource("levels");
+    cluster.plant(
+        &[0, 1, 2, 3, 4],
+        &name,
+        "other-holder",
+        Duration::from_secs(30),
+    );
+    for (flag, lines_ok) in [(None, (1usize, 1usize)), (Some("--quiet"), (0, 0))] {
+        let mut args = vec!["run"];
+        args.extend(flag);
+        args.extend([name.as_str(), "--", "sh", "-c", touch.as_str()]);
+        let out = output(redlock(&cluster, &dir, &args));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(code(out.status), HELD, "{flag:?}: {stderr}");
+        let n = stderr.lines().count();
+        assert!(
+            (lines_ok.0..=lines_ok.1).contains(&n),
+            "{flag:?}: {n} lines: {stderr}"
+        );
+        assert!(!marker.exists(), "{flag:?} ran the command");
+    }
+
+    // No quorum (three of five nodes down): the lock-or-config code, one
+    // line that says so, and nothing run.
+    for i in 0..3 {
+        cluster.node(i).kill();
+    }
+    let other = resource("levels-noquorum");
+    let out = output(redlock(
+        &cluster,
+        &dir,
+        &[
+            "run",
+            "--node-timeout",
+            "200ms",
+            &other,
+            "--",
+            "sh",
+            "-c",
+            &touch,
+        ],
+    ));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(code(out.status), UNAVAILABLE, "{stderr}");
+    assert!(stderr.contains("no quorum"), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(!marker.exists(), "the command ran without the lock");
+}

@@ -110,3 +110,111 @@ async fn health_reports_persistence_roles_and_down_nodes() {
     );
     assert!(warnings.contains("even number"), "{warnings}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stats_off_counts_nothing() {
+    let mut cluster = Cluster::start(3);
+    let on = cluster.builder().retry_count(0).build().unwrap();
+    let off = cluster
+        .builder()
+        .retry_count(0)
+        .stats(false)
+        .build()
+        .unwrap();
+    let res = resource("stats-off");
+    for redlock in [&on, &off] {
+        let lock = redlock.lock(&res, TTL).await.unwrap();
+        redlock.unlock(&lock).await.unwrap();
+    }
+    cluster.node(2).kill();
+    for redlock in [&on, &off] {
+        let lock = redlock.lock(&res, TTL).await.unwrap();
+        redlock.unlock(&lock).await.unwrap();
+    }
+    let (on, off) = (on.stats(), off.stats());
+    assert_eq!((on.attempts, on.grants), (2, 2));
+    assert!(on.node_failures.iter().any(|(_, n)| *n > 0));
+    assert!(on.acquire_p50.is_some());
+    assert_eq!((off.attempts, off.grants, off.conflicts), (0, 0, 0));
+    assert!(off.node_failures.iter().all(|(_, n)| *n == 0));
+    assert_eq!(off.acquire_p50, None);
+}
+
+/// The `metrics` feature: the same events through the `metrics` facade, as
+/// a recorder (here metrics-util's debugging one) sees them.
+#[cfg(feature = "metrics")]
+#[test]
+fn the_metrics_feature_emits_the_counters() {
+    use metrics_util::MetricKind;
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let mut cluster = Cluster::start(3);
+    let redlock = cluster.builder().retry_count(0).build().unwrap();
+    let other = cluster.redlock();
+    let res = resource("metrics");
+    // Runs `work` on a runtime of its own with the recorder installed.
+    let recorded = |work: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + '_>>| {
+        metrics::with_local_recorder(&recorder, || {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap()
+                .block_on(work)
+        })
+    };
+    recorded(Box::pin(async {
+        let lock = redlock.lock(&res, TTL).await.unwrap();
+        redlock.unlock(&lock).await.unwrap();
+        let held = other.lock(&res, TTL).await.unwrap();
+        assert!(redlock.lock(&res, TTL).await.is_err());
+        other.unlock(&held).await.unwrap();
+    }));
+    cluster.node(2).kill();
+    recorded(Box::pin(async {
+        let lock = redlock.lock(&res, TTL).await.unwrap();
+        redlock.unlock(&lock).await.unwrap();
+    }));
+    let mut counters = std::collections::BTreeMap::new();
+    let mut histogram_samples = 0;
+    for (key, _, _, value) in snapshotter.snapshot().into_vec() {
+        let (kind, key) = key.into_parts();
+        let labels: Vec<String> = key
+            .labels()
+            .map(|l| format!("{}={}", l.key(), l.value()))
+            .collect();
+        let name = format!("{}{{{}}}", key.name(), labels.join(","));
+        match (kind, value) {
+            (MetricKind::Counter, DebugValue::Counter(n)) => {
+                counters.insert(name, n);
+            }
+            (MetricKind::Histogram, DebugValue::Histogram(v)) => histogram_samples += v.len(),
+            _ => {}
+        }
+    }
+    // Both managers report to the recorder: four attempts (redlock's two
+    // grants and its conflict, other's grant).
+    assert_eq!(
+        counters.get("redlock_attempts_total{}"),
+        Some(&4),
+        "{counters:?}"
+    );
+    assert_eq!(
+        counters.get("redlock_acquisitions_total{outcome=granted}"),
+        Some(&3),
+        "{counters:?}"
+    );
+    assert_eq!(
+        counters.get("redlock_acquisitions_total{outcome=conflict}"),
+        Some(&1),
+        "{counters:?}"
+    );
+    let node_failures: u64 = counters
+        .iter()
+        .filter(|(k, _)| k.starts_with("redlock_node_failures_total{node="))
+        .map(|(_, n)| *n)
+        .sum();
+    assert!(node_failures >= 1, "{counters:?}");
+    assert_eq!(histogram_samples, 3, "one latency per grant");
+}

@@ -156,3 +156,56 @@ fn a_node_without_persistence_is_named_once() {
     });
     assert!(even.contains("even number of nodes"), "{even}");
 }
+
+#[test]
+fn events_carry_the_node_the_cause_and_the_attempt() {
+    let mut cluster = Cluster::start(3);
+    let down_port = cluster.node(2).port();
+    cluster.node(2).kill();
+    let redlock = cluster
+        .builder()
+        .retry_count(2)
+        .retry_delay(Duration::from_millis(10))
+        .retry_jitter(Duration::from_millis(1))
+        .build()
+        .unwrap();
+    let res = resource("fields");
+    cluster.plant(&[0, 1], &res, "other-holder", Duration::from_secs(10));
+    let out = capture(tracing::Level::DEBUG, || async {
+        let err = redlock
+            .lock(&res, Duration::from_secs(5))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(err, redlock_quorum::Error::Conflict { .. }),
+            "{err}"
+        );
+    });
+    // Every attempt's span, numbered, inside the lock's span, with the
+    // resource as a field.
+    for n in 0..3 {
+        assert!(
+            out.contains(&format!("attempt{{n={n}}}")),
+            "attempt {n}: {out}"
+        );
+    }
+    assert!(
+        out.contains(&format!("resource=\"{res}\"")) || out.contains(&format!("resource={res}")),
+        "{out}"
+    );
+    // The down node's failure names the node and why.
+    let failed: Vec<&str> = out
+        .lines()
+        .filter(|l| l.contains("node did not agree") && l.contains(&down_port.to_string()))
+        .collect();
+    assert!(!failed.is_empty(), "{out}");
+    assert!(
+        failed
+            .iter()
+            .all(|l| l.contains("cause=") && l.contains("node=")),
+        "{failed:?}"
+    );
+    // Each retry is an event with its attempt number and the error.
+    assert!(out.contains("attempt failed; waiting"), "{out}");
+    assert!(out.contains("attempt=1"), "{out}");
+}

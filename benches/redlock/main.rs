@@ -146,6 +146,9 @@ async fn run(quick: bool) {
     let t = Instant::now();
     scenario_two_resources(&env, &mut report).await;
     times.push(t.elapsed());
+    let t = Instant::now();
+    scenarios::scenario_safety_options(&env, &mut report).await;
+    times.push(t.elapsed());
     println!(
         "\nscenario wall times (s): {}",
         times

@@ -503,43 +503,17 @@ pub(crate) async fn scenario_two_resources(env: &Env, report: &mut Report) {
     }
     let slices = if env.quick { 3 } else { 15 };
     let slice = Duration::from_millis(300);
-    let mut cycles = [0u64; 2];
-    let mut elapsed = [Duration::ZERO; 2];
-    for round in 0..slices {
-        for step in 0..2 {
-            let k = (round + step) % 2;
-            let many = WAYS[k].1;
-            let count = Arc::new(AtomicU64::new(0));
-            let stop = Arc::new(AtomicBool::new(false));
-            let start = Instant::now();
-            let tasks: Vec<_> = (0..TASKS)
-                .map(|t| {
-                    let (count, stop, redlock) = (count.clone(), stop.clone(), redlock.clone());
-                    tokio::spawn(async move {
-                        let mut i = 0u64;
-                        while !stop.load(Ordering::Relaxed) {
-                            let x = format!("bench:two-tp:{round}:{t}:{i}:x");
-                            let y = format!("bench:two-tp:{round}:{t}:{i}:y");
-                            i += 1;
-                            if two_resources(&redlock, many, &x, &y).await.is_some() {
-                                count.fetch_add(1, Ordering::Relaxed);
-                            }
-                        }
-                    })
-                })
-                .collect();
-            tokio::time::sleep(slice).await;
-            stop.store(true, Ordering::Relaxed);
-            for t in tasks {
-                let _ = t.await;
-            }
-            cycles[k] += count.load(Ordering::Relaxed);
-            elapsed[k] += start.elapsed();
+    let rates = interleaved_rates(2, slices, slice, TASKS, move |k, name| {
+        let redlock = redlock.clone();
+        async move {
+            let (x, y) = (
+                format!("bench:two-tp:{name}:x"),
+                format!("bench:two-tp:{name}:y"),
+            );
+            two_resources(&redlock, WAYS[k].1, &x, &y).await.is_some()
         }
-    }
-    let rates: Vec<f64> = (0..2)
-        .map(|k| cycles[k] as f64 / elapsed[k].as_secs_f64())
-        .collect();
+    })
+    .await;
     report.section(
         &format!(
             "8. two resources: one set against two single locks taken one after the other (released together); {n} cycles each for latency (ms), {TASKS} tasks x {slices} x {} ms slices for throughput",
@@ -670,4 +644,189 @@ pub(crate) async fn scenario_waiting_cost(env: &Env, report: &mut Report) {
             json!({"scenario": "6b", "subject": label, "waiters": WAITERS, "wait_s": wait.as_secs_f64(), "commands_per_node": per_node, "per_waiter_per_node": mean / WAITERS as f64}),
         );
     }
+}
+
+/// Scenario 9: what the restart-safety options cost on a healthy cluster:
+/// the restart guard (a Lua script with the generation marker instead of a
+/// plain `SET`) and acknowledged durability (`WAITAOF` pipelined behind the
+/// write, on five extra nodes with `appendonly yes` and `appendfsync
+/// always`, where the server has `WAITAOF`). Interleaved, one lock and
+/// unlock at a time, compared with the default manager of the same run.
+pub(crate) async fn scenario_safety_options(env: &Env, report: &mut Report) {
+    // Every way locks with this ttl; it is also the guard's max_ttl.
+    const GUARD: Duration = Duration::from_millis(300);
+    let urls = || env.urls.iter().map(String::as_str);
+    let plain = Redlock::new(urls()).unwrap();
+    let guarded = Redlock::builder(urls())
+        .restart_guard(GUARD)
+        .build()
+        .unwrap();
+    // The markers of a fresh cluster count once they are GUARD old.
+    let _ = guarded.try_lock("bench:safety:age", GUARD).await;
+    tokio::time::sleep(GUARD + Duration::from_millis(50)).await;
+    // Five more nodes that fsync every write, for the durable subject.
+    let aof: Vec<RedisServer> = (0..5)
+        .map(|_| RedisServer::start_with(&["--appendonly", "yes", "--appendfsync", "always"]))
+        .collect();
+    let aof_urls: Vec<String> = aof.iter().map(RedisServer::url).collect();
+    let on_aof = Redlock::new(aof_urls.iter().map(String::as_str)).unwrap();
+    let durable = Redlock::builder(aof_urls.iter().map(String::as_str))
+        .durability(redlock_quorum::Durability::Disk {
+            timeout: Duration::from_millis(40),
+        })
+        .build()
+        .unwrap();
+    let durable_works = durable.try_lock("bench:safety:probe", GUARD).await.is_ok();
+    let mut ways: Vec<(&str, &Redlock)> = vec![("default", &plain), ("restart_guard", &guarded)];
+    ways.push(("appendfsync always, default", &on_aof));
+    if durable_works {
+        ways.push(("appendfsync always, durability Disk", &durable));
+    }
+    let n = env.rounds(2000, 300);
+    let mut samples: Vec<(Samples, Samples)> = ways.iter().map(|_| Default::default()).collect();
+    for i in 0..n {
+        for (k, (_, redlock)) in ways.iter().enumerate() {
+            let key = format!("bench:safety:{i}:{k}");
+            let start = Instant::now();
+            let Ok(lock) = redlock.try_lock(&key, GUARD).await else {
+                continue;
+            };
+            let acquired = start.elapsed();
+            if redlock.unlock(&lock).await.is_ok() {
+                samples[k].0.push(acquired);
+                samples[k].1.push(start.elapsed());
+            }
+        }
+    }
+    report.section(
+        &format!(
+            "9. restart-safety options: {n} lock+unlock cycles each (300 ms ttl), interleaved (ms){}",
+            if durable_works {
+                ""
+            } else {
+                "; durability Disk not measured: this server has no WAITAOF (Redis < 7.2)"
+            }
+        ),
+        &[
+            "way",
+            "acquire p50",
+            "acquire p99",
+            "cycle p50",
+            "cycle p99",
+            "acquire p50 / default",
+        ],
+    );
+    let base = samples[0].0.p50();
+    for (k, (name, _)) in ways.iter().enumerate() {
+        let (acquire, cycle) = &samples[k];
+        report.line(
+            &[
+                (*name).into(),
+                f(acquire.p50()),
+                f(acquire.p99()),
+                f(cycle.p50()),
+                f(cycle.p99()),
+                ratio(acquire.p50(), base),
+            ],
+            json!({
+                "scenario": 9, "way": name,
+                "acquire_p50_ms": acquire.p50(), "acquire_p99_ms": acquire.p99(),
+                "cycle_p50_ms": cycle.p50(), "cycle_p99_ms": cycle.p99(),
+            }),
+        );
+    }
+    drop(aof);
+
+    // Throughput of the options that cost CPU, not disk: 64 tasks, slices
+    // taken in a rotating order.
+    let stats_off = Redlock::builder(urls()).stats(false).build().unwrap();
+    let ways: [(&str, &Redlock); 3] = [
+        ("default (stats on)", &plain),
+        ("stats(false)", &stats_off),
+        ("restart_guard", &guarded),
+    ];
+    const TASKS: usize = 64;
+    let slices = if env.quick { 3 } else { 15 };
+    let slice = Duration::from_millis(300);
+    let managers: Arc<[Redlock]> = ways.iter().map(|(_, r)| (*r).clone()).collect();
+    let rates = interleaved_rates(3, slices, slice, TASKS, move |k, name| {
+        let redlock = managers[k].clone();
+        async move {
+            let key = format!("bench:safety-tp:{k}:{name}");
+            match redlock.try_lock(&key, GUARD).await {
+                Ok(lock) => redlock.unlock(&lock).await.is_ok(),
+                Err(_) => false,
+            }
+        }
+    })
+    .await;
+    report.section(
+        &format!(
+            "9b. throughput of the same options: {TASKS} tasks, {slices} x {} ms slices each, interleaved",
+            slice.as_millis()
+        ),
+        &["way", "cycles/s", "/ stats(false)"],
+    );
+    for (k, (name, _)) in ways.iter().enumerate() {
+        report.line(
+            &[
+                (*name).into(),
+                format!("{:.0}", rates[k]),
+                ratio(rates[k], rates[1]),
+            ],
+            json!({"scenario": "9b", "way": name, "cycles_per_s": rates[k], "tasks": TASKS}),
+        );
+    }
+}
+
+/// Cycles per second of each of `ways` ways, measured in `slices` rounds of
+/// one `slice` per way, the ways taking turns in a rotating order (so that
+/// drift in the machine's load hits all alike), `tasks` tasks each running
+/// `cycle(way, unique name)` until the slice ends; a cycle counts when it
+/// returns true.
+async fn interleaved_rates<F, Fut>(
+    ways: usize,
+    slices: usize,
+    slice: Duration,
+    tasks: usize,
+    cycle: F,
+) -> Vec<f64>
+where
+    F: Fn(usize, String) -> Fut + Clone + Send + Sync + 'static,
+    Fut: Future<Output = bool> + Send,
+{
+    let mut cycles = vec![0u64; ways];
+    let mut elapsed = vec![Duration::ZERO; ways];
+    for round in 0..slices {
+        for step in 0..ways {
+            let k = (round + step) % ways;
+            let count = Arc::new(AtomicU64::new(0));
+            let stop = Arc::new(AtomicBool::new(false));
+            let start = Instant::now();
+            let handles: Vec<_> = (0..tasks)
+                .map(|t| {
+                    let (count, stop, cycle) = (count.clone(), stop.clone(), cycle.clone());
+                    tokio::spawn(async move {
+                        let mut i = 0u64;
+                        while !stop.load(Ordering::Relaxed) {
+                            i += 1;
+                            if cycle(k, format!("{round}:{t}:{i}")).await {
+                                count.fetch_add(1, Ordering::Relaxed);
+                            }
+                        }
+                    })
+                })
+                .collect();
+            tokio::time::sleep(slice).await;
+            stop.store(true, Ordering::Relaxed);
+            for h in handles {
+                let _ = h.await;
+            }
+            cycles[k] += count.load(Ordering::Relaxed);
+            elapsed[k] += start.elapsed();
+        }
+    }
+    (0..ways)
+        .map(|k| cycles[k] as f64 / elapsed[k].as_secs_f64())
+        .collect()
 }

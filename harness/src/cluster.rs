@@ -31,6 +31,16 @@ impl Cluster {
         }
     }
 
+    /// Starts `n` fresh nodes with extra `redis-server` arguments (later
+    /// arguments override the harness's defaults, e.g. `--appendonly yes`).
+    pub fn start_with(n: usize, extra: &[&str]) -> Self {
+        let owned: Vec<RedisServer> = (0..n).map(|_| RedisServer::start_with(extra)).collect();
+        Cluster {
+            urls: owned.iter().map(RedisServer::url).collect(),
+            owned,
+        }
+    }
+
     /// The cluster named by `REDLOCK_NODES` if set, else `n` fresh nodes.
     /// For tests that inject no faults.
     pub fn shared(n: usize) -> Self {

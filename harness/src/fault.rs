@@ -48,6 +48,15 @@ pub fn builder(urls: &[String]) -> RedlockBuilder {
         .retry_jitter(Duration::from_millis(10))
 }
 
+/// [`builder`] with the plan's options (its restart guard).
+pub fn plan_builder(plan: &Plan) -> RedlockBuilder {
+    let b = builder(&plan.urls);
+    match plan.restart_guard {
+        Some(max_ttl) => b.restart_guard(max_ttl),
+        None => b,
+    }
+}
+
 /// A plan over `urls` for a fresh resource named after `topic`, running for
 /// [`fault_secs`].
 pub fn plan(
@@ -67,7 +76,7 @@ pub fn plan(
 /// When this process was not started by [`Child`].
 pub async fn child_contender() {
     let (plan, holder) = workload::plan_from_env().expect("run only by the fault tests");
-    let redlock = builder(&plan.urls).build().unwrap();
+    let redlock = plan_builder(&plan).build().unwrap();
     let tally = workload::contend(redlock, holder, plan, Sink::Print).await;
     println!("{}", tally.line());
 }
@@ -163,7 +172,7 @@ pub async fn run_workload<F: Future<Output = u64>>(
         .collect();
     let tasks: Vec<_> = (0..IN_PROCESS)
         .map(|i| {
-            let redlock = builder(&plan.urls).build().unwrap();
+            let redlock = plan_builder(plan).build().unwrap();
             let (plan, sink) = (plan.clone(), Sink::Checker(checker.clone()));
             tokio::spawn(workload::contend(redlock, format!("task-{i}"), plan, sink))
         })
@@ -254,7 +263,7 @@ pub async fn settle(
     // "At once": no leftover key may make the fresh client wait for an
     // expiry, so it must get the lock well within one ttl (the margin is for
     // a loaded machine; it takes a few milliseconds).
-    let fresh = builder(&plan.urls).retry_count(1000).build().unwrap();
+    let fresh = plan_builder(plan).retry_count(1000).build().unwrap();
     let start = Instant::now();
     let bound = plan.ttl / 2;
     let lock = tokio::time::timeout(bound, fresh.lock(&plan.resource, plan.ttl))

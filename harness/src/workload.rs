@@ -34,6 +34,8 @@ pub struct Plan {
     /// Release with a bare `DEL` on every node instead of the
     /// ownership-checked `unlock`: the bug the negative control plants.
     pub bare_del: bool,
+    /// The contenders' restart guard (`max_ttl`), if any.
+    pub restart_guard: Option<Duration>,
 }
 
 impl Plan {
@@ -55,6 +57,7 @@ impl Plan {
             duration,
             release_after_ms: (0, 0),
             bare_del: false,
+            restart_guard: None,
         }
     }
 }
@@ -303,6 +306,10 @@ pub fn plan_env(plan: &Plan, holder: &str) -> Vec<(String, String)> {
             "REDLOCK_CHILD_BARE_DEL".into(),
             u8::from(plan.bare_del).to_string(),
         ),
+        (
+            "REDLOCK_CHILD_RESTART_GUARD_MS".into(),
+            plan.restart_guard.map_or(0, |g| g.as_millis()).to_string(),
+        ),
     ]
 }
 
@@ -326,6 +333,10 @@ pub fn plan_from_env() -> Option<(Plan, String)> {
             duration: Duration::from_millis(get("REDLOCK_CHILD_MS")?.parse().ok()?),
             release_after_ms: (after_lo.parse().ok()?, after_hi.parse().ok()?),
             bare_del: get("REDLOCK_CHILD_BARE_DEL")? == "1",
+            restart_guard: match get("REDLOCK_CHILD_RESTART_GUARD_MS")?.parse().ok()? {
+                0 => None,
+                ms => Some(Duration::from_millis(ms)),
+            },
         },
         get("REDLOCK_CHILD_HOLDER")?,
     ))

@@ -9,8 +9,9 @@
 //!
 //! Each rule names the function in `src/` that implements it. The
 //! generation markers, the restart guard and the generation-checked fencing
-//! read are the design for issue 11, not yet implemented in `src/`: this
-//! model is their specification (see README.md).
+//! read (issue 11) are implemented in `src/generation.rs`, `src/scripts.rs`
+//! and `src/fence.rs`; this model was their specification first (see
+//! README.md).
 //!
 //! Properties (see [`LockModel::properties`]):
 //! - `mutual exclusion`: at no instant do two clients believe they hold the
@@ -262,6 +263,9 @@ pub enum Kind {
     /// Fencing read (or INCR): the counter, and whether it belongs to the
     /// node's current generation.
     Counter(u8, bool),
+    /// Fencing read where the lock is not ours (generation fencing only):
+    /// the counter is read all the same, as `FENCE_READ` does.
+    Foreign(u8, bool),
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -397,8 +401,8 @@ impl LockModel {
     }
 
     /// Nodes answer with `young` only when the guard is on and their
-    /// marker is younger than max_ttl on their own clock (design for
-    /// issue 11, not yet implemented).
+    /// marker is younger than max_ttl on their own clock
+    /// (`generation::Generation::reader`).
     fn young(&self, n: &Node) -> bool {
         self.cfg.guard.is_some()
             && matches!(&n.generation, Some(Gen { born: Some(_), .. }))
@@ -409,6 +413,7 @@ impl LockModel {
     /// first request after a data-losing restart creates it, born "now").
     fn serve(&self, s: &mut State, m: &Msg) -> Option<Reply> {
         let ttl = self.cfg.ttl;
+        let generation_fencing = self.cfg.fencing == Fencing::Generation;
         let now = s.now;
         let n = &mut s.nodes[m.node as usize];
         if n.generation.is_none() {
@@ -457,12 +462,19 @@ impl LockModel {
             // scripts.rs `FENCE_READ`, with the generation tag of the design
             // for issue 11: the counter, and whether it was written in the
             // node's current generation.
+            // The counter is read whoever holds the lock there: a read sent
+            // after the grant follows every earlier holder's acknowledged
+            // write. Only generation fencing does so; the negative
+            // no-generation model keeps the older ownership-only read.
             Body::FenceRead(tok) => {
+                let (v, trusted) = match n.fence {
+                    Some((v, tag)) => (v, tag == gen_id),
+                    None => (0, false),
+                };
                 if ours(n, tok) {
-                    match n.fence {
-                        Some((v, tag)) => Kind::Counter(v, tag == gen_id),
-                        None => Kind::Counter(0, false),
-                    }
+                    Kind::Counter(v, trusted)
+                } else if generation_fencing {
+                    Kind::Foreign(v, trusted)
                 } else {
                     Kind::NotOurs
                 }
@@ -660,11 +672,25 @@ impl LockModel {
                     }
                 }
                 Sub::FenceRead { ans } => {
+                    // Nodes where the lock is ours (and not young): the
+                    // ownership quorum of the read round.
+                    let owned = ans
+                        .iter()
+                        .filter(|a| {
+                            matches!(
+                                a,
+                                Ans::Got(Reply {
+                                    kind: Kind::Counter(..),
+                                    young: false,
+                                })
+                            )
+                        })
+                        .count();
                     let counters: Vec<(u8, bool)> = ans
                         .iter()
                         .filter_map(|a| match a {
                             Ans::Got(Reply {
-                                kind: Kind::Counter(v, t),
+                                kind: Kind::Counter(v, t) | Kind::Foreign(v, t),
                                 young: false,
                             }) => Some((*v, *t)),
                             _ => None,
@@ -674,7 +700,7 @@ impl LockModel {
                         .iter()
                         .filter_map(|a| match a {
                             Ans::Got(Reply {
-                                kind: Kind::Counter(v, _),
+                                kind: Kind::Counter(v, _) | Kind::Foreign(v, _),
                                 ..
                             }) => Some(*v),
                             _ => None,
@@ -684,7 +710,7 @@ impl LockModel {
                     let pending = ans.iter().filter(|a| **a == Ans::Pending).count();
                     let proven = match cfg.fencing {
                         Fencing::WriteBack => counters.len() >= q,
-                        Fencing::Generation => self.read_proven(&counters),
+                        Fencing::Generation => owned >= q && self.read_proven(&counters),
                         Fencing::IncrNoWriteBack => counters.len() >= q,
                         Fencing::Off => false,
                     };

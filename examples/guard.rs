@@ -3,7 +3,7 @@
 //! before each step; if the lock is lost, `with_lock` cancels it.
 //!
 //! ```sh
-//! REDLOCK_NODES=redis://127.0.0.1:7001/,... cargo run --example long_task
+//! REDLOCK_NODES=redis://127.0.0.1:7001/,... cargo run --example guard
 //! ```
 
 use std::time::Duration;

@@ -4,7 +4,7 @@
 //! paused past its lock's validity cannot write a stale count.
 //!
 //! ```sh
-//! REDLOCK_NODES=redis://127.0.0.1:7001/,... cargo run --example stock
+//! REDLOCK_NODES=redis://127.0.0.1:7001/,... cargo run --example fencing
 //! ```
 
 use std::sync::LazyLock;
