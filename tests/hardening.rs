@@ -723,3 +723,67 @@ async fn verify_and_adopt() {
     assert!(b.adopt(&res, "").is_err());
     a.unlock(&lock).await.unwrap();
 }
+
+/// Defect 12, made to happen: every contender reaches the five nodes
+/// through proxies of its own that hold its requests for a random 0-2 ms,
+/// different per node and per round, so the nodes see the contenders in
+/// different orders and the first round is often a split vote. The
+/// split-vote rounds must still elect exactly one holder every time (with
+/// `SPLIT_VOTE_ROUNDS` planted at 0, rounds end with no winner).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn contenders_that_reach_the_nodes_in_different_orders_elect_one_holder() {
+    use rand::RngExt;
+    const CONTENDERS: usize = 8;
+    let mut cluster = Cluster::start(5);
+    let mut proxies: Vec<Vec<Proxy>> = Vec::new();
+    for _ in 0..CONTENDERS {
+        let mut own = Vec::new();
+        for i in 0..5 {
+            own.push(Proxy::to_port(cluster.node(i).port()).await);
+        }
+        proxies.push(own);
+    }
+    let mut bad = Vec::new();
+    for round in 0..15 {
+        for own in &proxies {
+            for proxy in own {
+                let micros = rand::rng().random_range(0..=2000);
+                proxy.set(Fault::RequestLatency(Duration::from_micros(micros)));
+            }
+        }
+        let res = resource("split-ordered");
+        let barrier = Arc::new(tokio::sync::Barrier::new(CONTENDERS));
+        let tasks: Vec<_> = proxies
+            .iter()
+            .map(|own| {
+                let redlock = Redlock::builder(own.iter().map(Proxy::url))
+                    .node_timeout(Duration::from_millis(500))
+                    .build()
+                    .unwrap();
+                let (barrier, res) = (barrier.clone(), res.clone());
+                tokio::spawn(async move {
+                    redlock_harness::warm(&redlock).await;
+                    barrier.wait().await;
+                    let outcome = redlock.try_lock(&res, TTL).await;
+                    (redlock, outcome)
+                })
+            })
+            .collect();
+        let mut winners = 0;
+        let mut failures = Vec::new();
+        for outcome in futures::future::join_all(tasks).await {
+            match outcome.unwrap() {
+                (redlock, Ok(lock)) => {
+                    winners += 1;
+                    redlock.unlock(&lock).await.expect("unlock the winner");
+                }
+                (_, Err(Error::Conflict { .. })) => {}
+                (_, Err(e)) => failures.push(e.to_string()),
+            }
+        }
+        if winners != 1 || !failures.is_empty() {
+            bad.push(format!("round {round}: {winners} winners, {failures:?}"));
+        }
+    }
+    assert!(bad.is_empty(), "{} of 15 rounds: {bad:#?}", bad.len());
+}

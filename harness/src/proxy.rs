@@ -34,6 +34,10 @@ pub enum Fault {
     DropReplies,
     /// Reset every connection, and each new one.
     Reset,
+    /// Forward everything, holding each chunk of requests this long before
+    /// it goes upstream (so that requests of several clients reach nodes
+    /// in different orders).
+    RequestLatency(Duration),
 }
 
 impl Fault {
@@ -167,7 +171,7 @@ async fn serve(
                 }
                 continue;
             }
-            Fault::Latency(_) | Fault::DropReplies => {}
+            Fault::Latency(_) | Fault::DropReplies | Fault::RequestLatency(_) => {}
         }
         tokio::select! {
             changed = fault.changed() => {
@@ -178,6 +182,13 @@ async fn serve(
             n = client_rd.read(&mut up) => {
                 let n = n?;
                 if n == 0 { break; }
+                let hold = match *fault.borrow() {
+                    Fault::RequestLatency(d) => d,
+                    _ => Duration::ZERO,
+                };
+                if !hold.is_zero() {
+                    let _ = tokio::task::spawn_blocking(move || std::thread::sleep(hold)).await;
+                }
                 server_wr.write_all(&up[..n]).await?;
             }
             n = server_rd.read(&mut down) => {
@@ -187,6 +198,9 @@ async fn serve(
                 match now {
                     Fault::Latency(d) => {
                         let _ = reply_tx.send((Instant::now() + d, down[..n].to_vec()));
+                    }
+                    Fault::RequestLatency(_) => {
+                        let _ = reply_tx.send((Instant::now(), down[..n].to_vec()));
                     }
                     // The command ran; the reply is lost with the connection.
                     Fault::DropReplies | Fault::Blackhole | Fault::Reset => break,
