@@ -1,6 +1,7 @@
 //! `cargo run --release -- <mode>`; see README.md.
 //!
 //! Modes: `quick`, `exhaustive` (3 nodes, 2 clients, every state),
+//! `three-clients` (3 nodes, 3 clients, 3 ticks, every state, safety only),
 //! `random3` / `random5` (every nemesis, random walks for SECONDS, default
 //! 120), and the negative models `no-guard`, `incr`, `no-generation`.
 use redlock_model::{check, Cfg, Fencing, Search};
@@ -12,6 +13,12 @@ fn main() {
     let (cfg, search, stop) = match mode.as_str() {
         "exhaustive" => (Cfg::exhaustive(), Search::Bfs, None),
         "random3" => (Cfg::all_faults(3), random, None),
+        // Three clients, exhaustive at a shorter horizon (safety only).
+        "three-clients" => (
+            Cfg { clients: 3, max_time: 3, liveness: false, ..Cfg::quick() },
+            Search::Bfs,
+            None,
+        ),
         "random5" => (Cfg::all_faults(5), random, None),
         "no-guard" => (Cfg::no_guard(), Search::Bfs, Some("mutual exclusion")),
         "incr" => (Cfg::incr_no_write_back(), Search::Dfs { max_depth: 40 }, Some("fencing tokens increase")),
