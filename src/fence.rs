@@ -64,9 +64,10 @@ impl Redlock {
     /// for the marker). A counter that is missing, or was written before the
     /// node lost its data, is *untrusted*. With `n` nodes, a quorum `q` and
     /// `f = n − q`, the number read is used only when at least `q` nodes
-    /// answered with the lock ours and `min(untrusted, f) + silent < q`
-    /// (`silent` = the nodes that did not answer, refused, or are too young
-    /// under the restart guard). Then some node that kept its data holds the
+    /// answered with the lock ours, at least `q` counters were read, and
+    /// `min(untrusted, f) + silent < q` (`silent` = the nodes whose counter
+    /// was not read: no answer, or too young under the restart guard; a
+    /// node where the lock is not ours still has its counter read). Then some node that kept its data holds the
     /// last token, and the new one is larger than every earlier one, as long
     /// as fewer than half the nodes lost their data since the last token.
     /// Otherwise the call fails closed with [`Error::FencingUnproven`]. In
@@ -83,7 +84,8 @@ impl Redlock {
     ///
     /// # Cancel safety
     /// Cancel-safe: dropping the future leaves the counters as they were or
-    /// raised, never lowered; ask again.
+    /// raised (a counter from an earlier generation of its node may be set
+    /// outright, lower or higher: it was not trusted); ask again.
     pub async fn fencing_token(&self, lock: &Lock) -> Result<u64, Error> {
         self.configured()?;
         let not_held = || Error::NotHeld {

@@ -112,10 +112,10 @@ impl Generation {
         let guard = self.guard;
         move |value| {
             let (body, age) = match value {
+                // A body's nil reply reaches Lua as `false`, so the table
+                // always has both elements.
                 Value::Array(parts) => match parts.as_slice() {
                     [body, Value::Int(age)] => (body, *age),
-                    // A body that replied nil leaves a one-element table.
-                    [Value::Int(age)] => (&Value::Nil, *age),
                     _ => return Err(format!("{value:?}")),
                 },
                 other => return Err(format!("{other:?}")),

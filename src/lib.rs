@@ -115,7 +115,10 @@
 //!   `appendfsync always` (and, to count only what reached the disk,
 //!   [`RedlockBuilder::durability`]), restart them only after the largest
 //!   ttl, or turn on [`RedlockBuilder::restart_guard`], which keeps a node
-//!   whose data is younger than the largest ttl out of every quorum.
+//!   whose data is younger than the largest ttl out of every quorum. The
+//!   guard detects a node that lost all its data, not one that reloaded an
+//!   older snapshot (RDB, or the last second of an `everysec` AOF): use it
+//!   with nodes that keep every write or start empty.
 //!   (Healing renewals put a guard's key back on such a node, but only at the
 //!   next renewal.)
 //! - Fencing tokens never repeat or go down while fewer than half the nodes

@@ -409,8 +409,14 @@ impl Redlock {
                     // Notifications alone suffice when a quorum of nodes has
                     // our subscription; the first waiter of the key keeps
                     // the timed retry for releases nobody publishes.
+                    // When the holder's expiry is unknown (the restart
+                    // guard, a durability confirmation, a set), the timed
+                    // retry stays too: a holder that dies without a
+                    // release is then found within a pause, not at the
+                    // deadline.
                     let notified = waiter.subscribed_on() >= self.quorum();
-                    let poll = (!notified || waiter.is_first()).then_some(pause);
+                    let poll =
+                        (!notified || waiter.is_first() || expiry.is_none()).then_some(pause);
                     let wake_at = [expiry, poll].into_iter().flatten().min();
                     (wake_at.unwrap_or(last_start), true)
                 }
@@ -487,7 +493,15 @@ impl Redlock {
         .await;
         let in_flight = lock.in_flight.and(&in_flight);
         let outcome = tally.outcome();
-        let healed = tally.healed.clone();
+        let mut healed = tally.healed.clone();
+        if self.inner.config.durability != crate::builder::Durability::Memory {
+            // A node that healed the key and then did not confirm it (or
+            // could not) is not in `healed`: its reply was the confirmation
+            // error. Such nodes may hold a key set again by this extension.
+            healed.extend(tally.wrote.iter().chain(&tally.unanswered));
+            healed.sort_unstable();
+            healed.dedup();
+        }
         match self.grant(&lock.resource, &lock.key, &lock.token, ttl, start, tally) {
             Ok(mut extended) => {
                 extended.in_flight = in_flight;
@@ -499,7 +513,9 @@ impl Redlock {
                     // Not ours on a quorum: the keys this extension set
                     // again would only keep others out. Keys that were
                     // ours before are left to expire, as after any failed
-                    // extension.
+                    // extension (with a durability confirmation, nodes
+                    // that did not confirm are released too: the lock is
+                    // not ours any more, so that costs nothing).
                     release_on(
                         &self.inner,
                         Some(&healed),

@@ -148,9 +148,10 @@ async fn run_durable(
             .query_async(conn)
             .await
             .map_err(NodeError::from_redis)?;
-        let [reply, confirmation]: [Value; 2] = replies
-            .try_into()
-            .map_err(|r| NodeError::UnexpectedReply(format!("{r:?}")))?;
+        // The write may have run: a reply of the wrong shape is an
+        // unconfirmed write, not an error that says nothing was written.
+        let [reply, confirmation]: [Value; 2] =
+            replies.try_into().map_err(|_| NodeError::NotDurable)?;
         if let Value::ServerError(error) = &reply {
             match write {
                 Request::Script { script, .. } if error.code() == "NOSCRIPT" && !loaded => {
@@ -165,11 +166,12 @@ async fn run_durable(
                 _ => return Err(NodeError::from_redis(error.clone().into())),
             }
         }
+        // Any answer but a confirmation leaves the write unconfirmed, and
+        // counted as unknown (released if the lock is not granted).
         return match confirmation {
             Value::ServerError(error) => Err(NodeError::Durability(error.into())),
             value if durability.confirmed(&value) => Ok(reply),
-            Value::Array(_) | Value::Int(_) => Err(NodeError::NotDurable),
-            other => Err(NodeError::UnexpectedReply(format!("{other:?}"))),
+            _ => Err(NodeError::NotDurable),
         };
     }
 }

@@ -545,8 +545,11 @@ async fn run_link(
     mut changes: mpsc::UnboundedReceiver<Vec<u8>>,
 ) {
     let mut backoff = FIRST_BACKOFF;
-    let mut was_up = false;
     loop {
+        // Whether this session came up: only then does its end wake the
+        // waiters and reset the backoff (a node that stays down must not
+        // wake every waiter at each reconnection attempt).
+        let mut was_up = false;
         let Some(node) = shared.upgrade().map(|s| s.nodes[index].clone()) else {
             return;
         };
@@ -639,6 +642,21 @@ async fn serve(
                     return Ended::Closed;
                 };
                 let (add, remove): (Vec<_>, Vec<_>) = {
+                    let mut state = strong.lock();
+                    // A channel wanted again before its unsubscription went
+                    // out is still subscribed here: confirm it to the new
+                    // waiters.
+                    let mut confirmed = false;
+                    for c in batch.iter().filter(|c| actual.contains(*c)) {
+                        if let Some(entry) = state.channels.get_mut(c) {
+                            confirmed |= !entry.subscribed[index];
+                            entry.subscribed[index] = true;
+                        }
+                    }
+                    drop(state);
+                    if confirmed {
+                        strong.changed.notify_waiters();
+                    }
                     let state = strong.lock();
                     batch
                         .into_iter()

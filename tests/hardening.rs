@@ -38,7 +38,9 @@ fn exists(url: &str, key: &str) -> bool {
 /// Locks and unlocks throwaway resources until every node released: the
 /// manager's connections to all nodes work (again).
 async fn reach_every_node(redlock: &Redlock) {
-    let deadline = Instant::now() + Duration::from_secs(5);
+    // Generous: reconnection backs off up to 1 s per node, and a loaded
+    // machine stretches it; this waits for liveness, it does not time it.
+    let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         if let Ok(lock) = redlock.try_lock(&resource("reach"), TTL).await
             && redlock.unlock(&lock).await.ok() == Some(redlock.node_count())
