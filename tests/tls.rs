@@ -115,22 +115,28 @@ impl Pki {
 
     /// A node with a TLS port (returned) beside its plain one.
     fn node(&self, client_certificates: bool) -> (RedisServer, u16) {
-        let tls_port = free_port();
-        let port = tls_port.to_string();
         let auth = if client_certificates { "yes" } else { "no" };
-        let server = RedisServer::start_with(&[
-            "--tls-port",
-            &port,
-            "--tls-cert-file",
-            &self.path("server.crt"),
-            "--tls-key-file",
-            &self.path("server.key"),
-            "--tls-ca-cert-file",
-            &self.path("ca.crt"),
-            "--tls-auth-clients",
-            auth,
-        ]);
-        (server, tls_port)
+        // A fresh TLS port for each try: another test's server may take the
+        // one `free_port` found before this server binds it.
+        let tls_port = std::cell::Cell::new(0);
+        let server = RedisServer::start_with_ports(|| {
+            tls_port.set(free_port());
+            [
+                "--tls-port",
+                &tls_port.get().to_string(),
+                "--tls-cert-file",
+                &self.path("server.crt"),
+                "--tls-key-file",
+                &self.path("server.key"),
+                "--tls-ca-cert-file",
+                &self.path("ca.crt"),
+                "--tls-auth-clients",
+                auth,
+            ]
+            .map(str::to_owned)
+            .to_vec()
+        });
+        (server, tls_port.get())
     }
 }
 

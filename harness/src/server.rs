@@ -50,17 +50,24 @@ impl RedisServer {
 
     /// Starts a node with extra `--option value` arguments.
     pub fn start_with(extra: &[&str]) -> Self {
+        Self::start_with_ports(|| extra.iter().map(|s| s.to_string()).collect())
+    }
+
+    /// As [`RedisServer::start_with`], with the extra arguments made anew
+    /// for each try: for arguments that name a port of their own (a TLS
+    /// port, say), which another process may also take before the server
+    /// binds it.
+    pub fn start_with_ports(extra: impl Fn() -> Vec<String>) -> Self {
         let n = NEXT_DIR.fetch_add(1, Ordering::Relaxed);
         let dir = std::env::temp_dir().join(format!("redlock-quorum-{}-{n}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("temp dir");
-        let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
         // A port freed by `free_port` can be taken by someone else before the
         // server binds it; try a few.
         for _ in 0..5 {
             let mut server = RedisServer {
                 port: free_port(),
                 dir: dir.clone(),
-                extra: extra.clone(),
+                extra: extra(),
                 child: None,
                 paused: false,
             };
