@@ -63,7 +63,8 @@ impl RedisServer {
         std::fs::create_dir_all(&dir).expect("temp dir");
         // A port freed by `free_port` can be taken by someone else before the
         // server binds it; try a few.
-        for _ in 0..5 {
+        let mut reasons = Vec::new();
+        for _ in 0..10 {
             let mut server = RedisServer {
                 port: free_port(),
                 dir: dir.clone(),
@@ -71,12 +72,13 @@ impl RedisServer {
                 child: None,
                 paused: false,
             };
-            if server.spawn().is_ok() {
-                return server;
+            match server.spawn() {
+                Ok(()) => return server,
+                Err(e) => reasons.push(e),
             }
         }
         panic!(
-            "could not start {} (is it installed?)",
+            "could not start {} ({reasons:?}; is it installed?)",
             redis_server_binary()
         );
     }
@@ -94,15 +96,25 @@ impl RedisServer {
             .arg(&self.dir)
             .args(&self.extra)
             .stdin(Stdio::null())
-            .stdout(Stdio::null())
+            .stdout(Stdio::piped())
             .stderr(Stdio::null());
         let mut child = cmd.spawn().map_err(|e| e.to_string())?;
         let deadline = Instant::now() + Duration::from_secs(10);
         while Instant::now() < deadline {
             if let Ok(Some(status)) = child.try_wait() {
-                return Err(format!("redis-server exited: {status}"));
+                // Its log went to stdout: say why it stopped.
+                let mut log = String::new();
+                if let Some(mut out) = child.stdout.take() {
+                    use std::io::Read;
+                    let _ = out.read_to_string(&mut log);
+                }
+                let last = log.lines().last().unwrap_or_default().to_owned();
+                return Err(format!("port {}: exited {status}: {last}", self.port));
             }
             if self.pings() {
+                // Nobody reads its log from here on (the server ignores
+                // SIGPIPE, so a closed pipe cannot stop it).
+                drop(child.stdout.take());
                 self.child = Some(child);
                 self.paused = false;
                 return Ok(());
