@@ -235,6 +235,35 @@ mod tests {
             })
         );
         assert_eq!(reply(0, 10), Ok(Reply::Refused { holder: None }));
+        // A node as old as max_ttl counts: its healing is a healing.
+        assert_eq!(reply(2, 1000), Ok(Reply::Healed));
+        assert_eq!(reply(2, 5000), Ok(Reply::Healed));
+        assert_eq!(
+            reply(2, 999),
+            Ok(Reply::Young {
+                age: Duration::from_millis(999),
+                max_ttl: Duration::from_secs(1),
+                healed: true
+            })
+        );
+        // A fencing read where the lock is not ours: a young node's counter
+        // is not read (silent), an old one's is.
+        let read = generation.reader(|v| match v {
+            Value::Int(7) => Ok(Reply::Foreign {
+                number: 7,
+                trusted: true,
+            }),
+            _ => Ok(Reply::Refused { holder: None }),
+        });
+        let foreign = |age: i64| read(&Value::Array(vec![Value::Int(7), Value::Int(age)]));
+        let counted = Ok(Reply::Foreign {
+            number: 7,
+            trusted: true,
+        });
+        assert_eq!(foreign(999), Ok(Reply::Refused { holder: None }));
+        assert_eq!(foreign(1000), counted);
+        assert_eq!(foreign(1001), counted);
+        assert_eq!(foreign(-1), Ok(Reply::Refused { holder: None }));
         assert!(read(&Value::Int(1)).is_err());
         let off = Generation {
             guard: None,
