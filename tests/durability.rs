@@ -15,16 +15,6 @@ const DISK: Durability = Durability::Disk {
     timeout: Duration::from_millis(200),
 };
 
-/// Whether the server knows `WAITAOF`.
-fn has_waitaof(cluster: &Cluster) -> bool {
-    let info: redis::Value = redis::cmd("COMMAND")
-        .arg("INFO")
-        .arg("WAITAOF")
-        .query(&mut cluster.conn(0))
-        .unwrap();
-    !matches!(&info, redis::Value::Array(v) if v.iter().all(|e| matches!(e, redis::Value::Nil)))
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_that_cannot_confirm_is_a_configuration_error_and_keeps_nothing() {
     // AOF off (the harness default): WAITAOF is refused, or unknown.
@@ -57,7 +47,7 @@ async fn a_node_that_cannot_confirm_is_a_configuration_error_and_keeps_nothing()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acquisitions_on_aof_nodes_count_only_confirmed_writes() {
     let mut cluster = Cluster::start_with(3, &["--appendonly", "yes", "--appendfsync", "always"]);
-    if !has_waitaof(&cluster) {
+    if !cluster.has_command("WAITAOF") {
         println!("this server has no WAITAOF (Redis < 7.2): positive path not run here");
         return;
     }

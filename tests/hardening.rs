@@ -452,6 +452,41 @@ fn a_manager_works_on_a_second_runtime_from_its_first_call() {
     );
 }
 
+/// `managers` call `try_lock` on `res` at the same instant (each warmed up
+/// first when `warm`); the winner unlocks. `None` when exactly one won and
+/// every other was refused with `Conflict`, else what happened.
+async fn election(managers: Vec<Redlock>, res: &str, warm: bool) -> Option<String> {
+    let barrier = Arc::new(tokio::sync::Barrier::new(managers.len()));
+    let tasks: Vec<_> = managers
+        .into_iter()
+        .map(|redlock| {
+            let (barrier, res) = (barrier.clone(), res.to_owned());
+            tokio::spawn(async move {
+                if warm {
+                    redlock_harness::warm(&redlock).await;
+                }
+                barrier.wait().await;
+                let outcome = redlock.try_lock(&res, TTL).await;
+                (redlock, outcome)
+            })
+        })
+        .collect();
+    // Every attempt ends before any winner unlocks.
+    let mut winners = 0;
+    let mut failures = Vec::new();
+    for outcome in futures::future::join_all(tasks).await {
+        match outcome.unwrap() {
+            (redlock, Ok(lock)) => {
+                winners += 1;
+                redlock.unlock(&lock).await.expect("unlock the winner");
+            }
+            (_, Err(Error::Conflict { .. })) => {}
+            (_, Err(e)) => failures.push(e.to_string()),
+        }
+    }
+    (winners != 1 || !failures.is_empty()).then(|| format!("{winners} winners, {failures:?}"))
+}
+
 /// 16 fresh managers call `try_lock` on one resource at the same instant,
 /// `rounds` times; returns a description of each round that did not end
 /// with exactly one winner and 15 `Conflict`s.
@@ -459,37 +494,15 @@ async fn split_votes(urls: &[String], rounds: usize) -> Vec<String> {
     const CONTENDERS: usize = 16;
     let mut bad = Vec::new();
     for round in 0..rounds {
-        let res = resource("split");
-        let barrier = Arc::new(tokio::sync::Barrier::new(CONTENDERS));
-        let tasks: Vec<_> = (0..CONTENDERS)
+        let managers = (0..CONTENDERS)
             .map(|_| {
-                let redlock = Redlock::builder(urls.iter().map(String::as_str))
+                Redlock::builder(urls.iter().map(String::as_str))
                     .build()
-                    .unwrap();
-                let (barrier, res) = (barrier.clone(), res.clone());
-                tokio::spawn(async move {
-                    barrier.wait().await;
-                    let outcome = redlock.try_lock(&res, TTL).await;
-                    (redlock, outcome)
-                })
+                    .unwrap()
             })
             .collect();
-        // Every attempt ends before any winner unlocks.
-        let outcomes = futures::future::join_all(tasks).await;
-        let mut winners = 0;
-        let mut failures = Vec::new();
-        for outcome in outcomes {
-            match outcome.unwrap() {
-                (redlock, Ok(lock)) => {
-                    winners += 1;
-                    redlock.unlock(&lock).await.expect("unlock the winner");
-                }
-                (_, Err(Error::Conflict { .. })) => {}
-                (_, Err(e)) => failures.push(e.to_string()),
-            }
-        }
-        if winners != 1 || !failures.is_empty() {
-            bad.push(format!("round {round}: {winners} winners, {failures:?}"));
+        if let Some(what) = election(managers, &resource("split"), false).await {
+            bad.push(format!("round {round}: {what}"));
         }
     }
     bad
@@ -753,38 +766,17 @@ async fn contenders_that_reach_the_nodes_in_different_orders_elect_one_holder() 
                 proxy.set(Fault::RequestLatency(Duration::from_micros(micros)));
             }
         }
-        let res = resource("split-ordered");
-        let barrier = Arc::new(tokio::sync::Barrier::new(CONTENDERS));
-        let tasks: Vec<_> = proxies
+        let managers = proxies
             .iter()
             .map(|own| {
-                let redlock = Redlock::builder(own.iter().map(Proxy::url))
+                Redlock::builder(own.iter().map(Proxy::url))
                     .node_timeout(Duration::from_millis(500))
                     .build()
-                    .unwrap();
-                let (barrier, res) = (barrier.clone(), res.clone());
-                tokio::spawn(async move {
-                    redlock_harness::warm(&redlock).await;
-                    barrier.wait().await;
-                    let outcome = redlock.try_lock(&res, TTL).await;
-                    (redlock, outcome)
-                })
+                    .unwrap()
             })
             .collect();
-        let mut winners = 0;
-        let mut failures = Vec::new();
-        for outcome in futures::future::join_all(tasks).await {
-            match outcome.unwrap() {
-                (redlock, Ok(lock)) => {
-                    winners += 1;
-                    redlock.unlock(&lock).await.expect("unlock the winner");
-                }
-                (_, Err(Error::Conflict { .. })) => {}
-                (_, Err(e)) => failures.push(e.to_string()),
-            }
-        }
-        if winners != 1 || !failures.is_empty() {
-            bad.push(format!("round {round}: {winners} winners, {failures:?}"));
+        if let Some(what) = election(managers, &resource("split-ordered"), true).await {
+            bad.push(format!("round {round}: {what}"));
         }
     }
     assert!(bad.is_empty(), "{} of 15 rounds: {bad:#?}", bad.len());

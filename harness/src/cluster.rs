@@ -102,6 +102,18 @@ impl Cluster {
             .expect("connect to test node")
     }
 
+    /// Whether the nodes' server knows the command `name` (asked of node 0
+    /// with `COMMAND INFO`): for tests whose path depends on the server
+    /// family and version.
+    pub fn has_command(&self, name: &str) -> bool {
+        let info: redis::Value = redis::cmd("COMMAND")
+            .arg("INFO")
+            .arg(name)
+            .query(&mut self.conn(0))
+            .expect("COMMAND INFO");
+        matches!(&info, redis::Value::Array(v) if v.iter().any(|e| !matches!(e, redis::Value::Nil)))
+    }
+
     /// The value of `key` on every node (`None` where absent or unreachable).
     pub fn values(&self, key: &str) -> Vec<Option<String>> {
         (0..self.len()).map(|i| self.value_on(i, key)).collect()
