@@ -5,6 +5,7 @@
 //! ```sh
 //! cargo bench --bench redlock              # full run, a few minutes
 //! cargo bench --bench redlock -- --quick   # under 30 seconds
+//! cargo bench --bench redlock -- --only 6,6c  # scenario 1 (the floor) and those
 //! ```
 //!
 //! Writes a table to stdout, and `target/bench/redlock.{json,md}` plus the
@@ -19,6 +20,7 @@
 //! - `heap`: the counting allocator behind scenario 7's memory figure.
 
 mod chart;
+mod contend;
 mod heap;
 mod report;
 mod samples;
@@ -73,15 +75,27 @@ fn machine() -> String {
 }
 
 fn main() {
-    let quick = std::env::args().any(|a| a == "--quick");
+    let args: Vec<String> = std::env::args().collect();
+    if let Some(i) = args.iter().position(|a| a == "--contender") {
+        contend::child(&args[i + 1..]);
+        return;
+    }
+    let quick = args.iter().any(|a| a == "--quick");
+    let only: Option<Vec<String>> = args
+        .iter()
+        .position(|a| a == "--only")
+        .and_then(|i| args.get(i + 1))
+        .map(|list| list.split(',').map(str::to_owned).collect());
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .unwrap();
-    runtime.block_on(run(quick));
+    runtime.block_on(run(quick, only));
 }
 
-async fn run(quick: bool) {
+async fn run(quick: bool, only: Option<Vec<String>>) {
+    // Scenario 1 always runs: it measures the floor the others compare to.
+    let wanted = |s: &str| only.as_ref().is_none_or(|o| o.iter().any(|x| x == s));
     let started = Instant::now();
     let (urls, servers) = match redlock_harness::external_nodes() {
         Some(urls) => (urls, Vec::new()),
@@ -123,37 +137,41 @@ async fn run(quick: bool) {
     let healthy = Arc::new(Subjects::new(&env.urls).await);
     let t = Instant::now();
     scenario_healthy(&env, &healthy, &mut report).await;
-    let mut times = vec![t.elapsed()];
-    let t = Instant::now();
-    scenario_latency(&env, &mut report).await;
-    times.push(t.elapsed());
-    let t = Instant::now();
-    scenario_two_down(&mut env, &mut report).await;
-    times.push(t.elapsed());
-    let t = Instant::now();
-    scenario_validity(&env, &healthy, &mut report).await;
-    times.push(t.elapsed());
-    let t = Instant::now();
-    scenario_throughput(&env, &healthy, &mut report).await;
-    times.push(t.elapsed());
-    let t = Instant::now();
-    scenario_handoff(&env, &mut report).await;
-    scenario_waiting_cost(&env, &mut report).await;
-    times.push(t.elapsed());
-    let t = Instant::now();
-    scenario_guards(&env, &mut report).await;
-    times.push(t.elapsed());
-    let t = Instant::now();
-    scenario_two_resources(&env, &mut report).await;
-    times.push(t.elapsed());
-    let t = Instant::now();
-    scenarios::scenario_safety_options(&env, &mut report).await;
-    times.push(t.elapsed());
+    let mut times = vec![("1", t.elapsed())];
+    macro_rules! timed {
+        ($name:expr, $body:expr) => {
+            if wanted($name) {
+                let t = Instant::now();
+                $body;
+                times.push(($name, t.elapsed()));
+            }
+        };
+    }
+    timed!("2", scenario_latency(&env, &mut report).await);
+    timed!("3", scenario_two_down(&mut env, &mut report).await);
+    timed!("4", scenario_validity(&env, &healthy, &mut report).await);
+    timed!("5", scenario_throughput(&env, &healthy, &mut report).await);
+    timed!("6", scenario_handoff(&env, &mut report).await);
+    timed!("6b", scenario_waiting_cost(&env, &mut report).await);
+    timed!(
+        "6c",
+        scenarios::scenario_handoff_processes(&env, &mut report).await
+    );
+    timed!(
+        "6d",
+        scenarios::scenario_starvation(&env, &mut report).await
+    );
+    timed!("7", scenario_guards(&env, &mut report).await);
+    timed!("8", scenario_two_resources(&env, &mut report).await);
+    timed!(
+        "9",
+        scenarios::scenario_safety_options(&env, &mut report).await
+    );
     println!(
         "\nscenario wall times (s): {}",
         times
             .iter()
-            .map(|d| format!("{:.1}", d.as_secs_f64()))
+            .map(|(name, d)| format!("{name}: {:.1}", d.as_secs_f64()))
             .collect::<Vec<_>>()
             .join(", ")
     );

@@ -13,6 +13,7 @@ use redlock_harness::proxy::{Fault, Proxy};
 use redlock_quorum::Redlock;
 use serde_json::json;
 
+use crate::contend::{Run, Who, contend};
 use crate::heap::live_bytes;
 use crate::report::{Report, f, ratio};
 use crate::samples::Samples;
@@ -290,97 +291,138 @@ pub(crate) async fn scenario_throughput(env: &Env, s: &Arc<Subjects>, report: &m
     }
 }
 
+/// The three subjects of the hand-off scenarios.
+const HANDOFF_SUBJECTS: [(&str, Who); 3] = [
+    (
+        "redlock-quorum (defaults: notified; timed retry 200 ms + 0-100 ms)",
+        Who::Ours(None),
+    ),
+    (
+        "redlock-quorum (retry 5 ms + 0-5 ms)",
+        Who::Ours(Some(Duration::from_millis(5))),
+    ),
+    ("rslock 0.10 (defaults: 0-200 ms)", Who::Rslock),
+];
+
 pub(crate) async fn scenario_handoff(env: &Env, report: &mut Report) {
-    let handoffs = env.rounds(60, 8);
+    let handoffs = env.rounds(400, 60);
     report.section(
-        &format!("6. contention hand-off: one holder's release -> another holder's grant, one resource ({handoffs} grants, hold 1 ms, think 2 ms)"),
+        &format!("6. contention hand-off: one holder's release -> another holder's grant, one resource, each task its own manager (up to {handoffs} grants, hold 1 ms, think 2 ms)"),
         &["subject", "tasks", "hand-offs", "median ms", "p99 ms"],
     );
     let urls: Vec<&str> = env.urls.iter().map(String::as_str).collect();
     for tasks in [2usize, 8, 32] {
-        for (label, retry) in [
-            (
-                "redlock-quorum (defaults: notified; timed retry 200 ms + 0-100 ms)",
-                None,
-            ),
-            (
-                "redlock-quorum (retry 5 ms + 0-5 ms)",
-                Some(Duration::from_millis(5)),
-            ),
-            ("rslock 0.10 (defaults: 0-200 ms)", Some(Duration::ZERO)),
-        ] {
-            let events = Arc::new(std::sync::Mutex::new(
-                Vec::<(usize, Instant, Instant)>::new(),
-            ));
-            let done = Arc::new(AtomicBool::new(false));
+        let shared = (
+            "redlock-quorum (defaults), one manager for all tasks",
+            Who::Ours(None),
+        );
+        for (k, (label, who)) in HANDOFF_SUBJECTS.into_iter().chain([shared]).enumerate() {
+            let one = k == HANDOFF_SUBJECTS.len();
             let resource = format!("bench:handoff:{}", token());
-            let mut all = FuturesUnordered::new();
-            for task in 0..tasks {
-                let (events, done, resource) = (events.clone(), done.clone(), resource.clone());
-                let ours = match retry {
-                    Some(d) if d.is_zero() => None,
-                    Some(d) => Some(
-                        Redlock::builder(urls.clone())
-                            .retry_delay(d)
-                            .retry_jitter(d)
-                            .build()
-                            .unwrap(),
-                    ),
-                    None => Some(Redlock::new(urls.clone()).unwrap()),
-                };
-                let theirs = rslock::LockManager::new(urls.clone());
-                all.push(async move {
-                    while !done.load(Ordering::Relaxed) {
-                        let granted;
-                        let released;
-                        if let Some(r) = &ours {
-                            let Ok(lock) = r.lock(&resource, TTL).await else {
-                                continue;
-                            };
-                            granted = Instant::now();
-                            tokio::time::sleep(Duration::from_millis(1)).await;
-                            released = Instant::now();
-                            let _ = r.unlock(&lock).await;
-                        } else {
-                            let Ok(lock) = theirs.lock(resource.as_str(), TTL).await else {
-                                continue;
-                            };
-                            granted = Instant::now();
-                            tokio::time::sleep(Duration::from_millis(1)).await;
-                            released = Instant::now();
-                            theirs.unlock(&lock).await;
-                        }
-                        {
-                            let mut ev = events.lock().unwrap();
-                            ev.push((task, granted, released));
-                            if ev.len() > handoffs {
-                                done.store(true, Ordering::Relaxed);
-                            }
-                        }
-                        // think time, so that the releaser does not simply
-                        // take the lock again before anyone else can
-                        tokio::time::sleep(Duration::from_millis(2)).await;
-                    }
-                });
+            let limit = Duration::from_millis(if env.quick { 1500 } else { 20_000 });
+            let shared = one.then(|| crate::contend::manager(who, &urls)).flatten();
+            if let Some(r) = &shared {
+                redlock_harness::warm(r).await;
             }
-            let limit = Duration::from_millis(if env.quick { 1200 } else { 30_000 });
-            let _ =
-                tokio::time::timeout(limit, async { while all.next().await.is_some() {} }).await;
-            done.store(true, Ordering::Relaxed);
-            drop(all);
-            let mut ev = events.lock().unwrap().clone();
-            ev.sort_by_key(|e| e.1);
-            let mut gaps = Samples::default();
-            for w in ev.windows(2) {
-                if w[0].0 != w[1].0 {
-                    gaps.push(w[1].1.saturating_duration_since(w[0].2));
-                }
-            }
+            let grants = contend(Run {
+                who,
+                urls: &urls,
+                resource: &resource,
+                tasks,
+                first: 0,
+                shared,
+                stop_at: crate::contend::stop_after(limit),
+                max: handoffs,
+            })
+            .await;
+            let gaps = crate::contend::gaps(&grants);
             report.line(
                 &[label.into(), tasks.to_string(), gaps.0.len().to_string(), f(gaps.p50()), f(gaps.p99())],
                 json!({"scenario": 6, "subject": label, "tasks": tasks, "handoff_p50_ms": gaps.p50(), "handoff_p99_ms": gaps.p99(), "handoffs": gaps.0.len()}),
             );
         }
+    }
+}
+
+/// 6c. The hand-off with contenders in 8 separate OS processes, one manager
+/// per process: 1 task each (8 contenders) and 4 each (32).
+pub(crate) async fn scenario_handoff_processes(env: &Env, report: &mut Report) {
+    const PROCESSES: usize = 8;
+    let run = Duration::from_millis(if env.quick { 1500 } else { 6000 });
+    report.section(
+        &format!("6c. contention hand-off across {PROCESSES} OS processes, one manager each ({} s each, hold 1 ms, think 2 ms)", run.as_secs_f64()),
+        &["subject", "tasks", "hand-offs", "median ms", "p99 ms"],
+    );
+    for per in [1usize, 4] {
+        for (label, who) in HANDOFF_SUBJECTS {
+            let urls = env.urls.clone();
+            let grants = tokio::task::spawn_blocking(move || {
+                crate::contend::in_processes(who, &urls, PROCESSES, per, run)
+            })
+            .await
+            .unwrap();
+            let gaps = crate::contend::gaps(&grants);
+            let tasks = PROCESSES * per;
+            report.line(
+                &[label.into(), format!("{tasks} ({PROCESSES} x {per})"), gaps.0.len().to_string(), f(gaps.p50()), f(gaps.p99())],
+                json!({"scenario": "6c", "subject": label, "processes": PROCESSES, "tasks": tasks, "handoff_p50_ms": gaps.p50(), "handoff_p99_ms": gaps.p99(), "handoffs": gaps.0.len()}),
+            );
+        }
+    }
+}
+
+/// 6d. Starvation: 32 contenders on one resource for 10 s; how the grants
+/// spread over the contenders.
+pub(crate) async fn scenario_starvation(env: &Env, report: &mut Report) {
+    const TASKS: usize = 32;
+    let run = Duration::from_millis(if env.quick { 2000 } else { 10_000 });
+    report.section(
+        &format!("6d. starvation: {TASKS} contenders, one resource, {} s (hold 1 ms, think 2 ms); grants per contender", run.as_secs_f64()),
+        &["subject", "grants", "min", "median", "max", "contenders with none", "max / mean"],
+    );
+    let urls: Vec<&str> = env.urls.iter().map(String::as_str).collect();
+    let subjects = [
+        (
+            "redlock-quorum (defaults), one manager per contender",
+            Who::Ours(None),
+            false,
+        ),
+        (
+            "redlock-quorum (defaults), one manager for all",
+            Who::Ours(None),
+            true,
+        ),
+        ("rslock 0.10 (defaults)", Who::Rslock, false),
+    ];
+    for (label, who, one) in subjects {
+        let resource = format!("bench:starve:{}", token());
+        let shared = one.then(|| crate::contend::manager(who, &urls)).flatten();
+        if let Some(r) = &shared {
+            redlock_harness::warm(r).await;
+        }
+        let grants = contend(Run {
+            who,
+            urls: &urls,
+            resource: &resource,
+            tasks: TASKS,
+            first: 0,
+            shared,
+            stop_at: crate::contend::stop_after(run),
+            max: usize::MAX,
+        })
+        .await;
+        let mut per = vec![0u64; TASKS];
+        for (c, _, _, _) in &grants {
+            per[*c] += 1;
+        }
+        let total: u64 = per.iter().sum();
+        per.sort_unstable();
+        let none = per.iter().filter(|&&n| n == 0).count();
+        let mean = total as f64 / TASKS as f64;
+        report.line(
+            &[label.into(), total.to_string(), per[0].to_string(), per[TASKS / 2].to_string(), per[TASKS - 1].to_string(), none.to_string(), format!("{:.2}", per[TASKS - 1] as f64 / mean)],
+            json!({"scenario": "6d", "subject": label, "tasks": TASKS, "run_s": run.as_secs_f64(), "grants": total, "per_contender_sorted": per}),
+        );
     }
 }
 

@@ -1,0 +1,252 @@
+//! The contention loop of scenarios 6, 6c and 6d: tasks take one resource
+//! in turn (hold 1 ms, think 2 ms), and every grant is recorded. Scenario 6c
+//! runs it in separate OS processes: the bench binary started again with
+//! `--contender`, one manager per process.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use futures::stream::{FuturesUnordered, StreamExt};
+use redlock_quorum::Redlock;
+
+use crate::TTL;
+use crate::samples::Samples;
+
+/// Who contends: this crate (with a retry delay, or `None` for the
+/// defaults) or rslock with its defaults.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Who {
+    Ours(Option<Duration>),
+    Rslock,
+}
+
+impl Who {
+    pub(crate) fn arg(self) -> String {
+        match self {
+            Who::Ours(None) => "ours".into(),
+            Who::Ours(Some(d)) => format!("ours:{}", d.as_millis()),
+            Who::Rslock => "rslock".into(),
+        }
+    }
+
+    fn parse(s: &str) -> Who {
+        match s.split_once(':') {
+            _ if s == "rslock" => Who::Rslock,
+            Some((_, ms)) => Who::Ours(Some(Duration::from_millis(ms.parse().unwrap()))),
+            None => Who::Ours(None),
+        }
+    }
+}
+
+/// One grant: the contender, when it called `lock`, when it was granted and
+/// when it released (nanoseconds since the Unix epoch: one clock for every
+/// process of the machine).
+pub(crate) type Grant = (usize, u128, u128, u128);
+
+fn now_ns() -> u128 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_nanos()
+}
+
+/// The stop time `after` from now, in the grants' clock.
+pub(crate) fn stop_after(after: Duration) -> u128 {
+    now_ns() + after.as_nanos()
+}
+
+/// A manager for `who`, or `None` for rslock.
+pub(crate) fn manager(who: Who, urls: &[&str]) -> Option<Redlock> {
+    match who {
+        Who::Ours(Some(d)) => Some(
+            Redlock::builder(urls.to_vec())
+                .retry_delay(d)
+                .retry_jitter(d)
+                .build()
+                .unwrap(),
+        ),
+        Who::Ours(None) => Some(Redlock::new(urls.to_vec()).unwrap()),
+        Who::Rslock => None,
+    }
+}
+
+/// One run of the contention loop.
+pub(crate) struct Run<'a> {
+    pub(crate) who: Who,
+    pub(crate) urls: &'a [&'a str],
+    pub(crate) resource: &'a str,
+    pub(crate) tasks: usize,
+    /// The first contender's number.
+    pub(crate) first: usize,
+    /// One manager for every task; otherwise each makes its own.
+    pub(crate) shared: Option<Redlock>,
+    /// The stop time, in the grants' clock.
+    pub(crate) stop_at: u128,
+    /// Stop after this many grants.
+    pub(crate) max: usize,
+}
+
+/// Runs the contenders of `run` until it stops, and returns their grants.
+pub(crate) async fn contend(run: Run<'_>) -> Vec<Grant> {
+    let Run {
+        who,
+        urls,
+        resource,
+        tasks,
+        first,
+        shared,
+        stop_at,
+        max,
+    } = run;
+    let grants = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let done = Arc::new(AtomicBool::new(false));
+    let mut all = FuturesUnordered::new();
+    for task in 0..tasks {
+        let (grants, done) = (grants.clone(), done.clone());
+        let ours = shared.clone().or_else(|| manager(who, urls));
+        let theirs = rslock::LockManager::new(urls.to_vec());
+        let resource = resource.to_owned();
+        all.push(async move {
+            while !done.load(Ordering::Relaxed) && now_ns() < stop_at {
+                let called = now_ns();
+                let granted;
+                let released;
+                if let Some(r) = &ours {
+                    let Ok(lock) = r.lock(&resource, TTL).await else {
+                        continue;
+                    };
+                    granted = now_ns();
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                    released = now_ns();
+                    let _ = r.unlock(&lock).await;
+                } else {
+                    let Ok(lock) = theirs.lock(resource.as_str(), TTL).await else {
+                        continue;
+                    };
+                    granted = now_ns();
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                    released = now_ns();
+                    theirs.unlock(&lock).await;
+                }
+                {
+                    let mut g = grants.lock().unwrap();
+                    g.push((first + task, called, granted, released));
+                    if g.len() > max {
+                        done.store(true, Ordering::Relaxed);
+                    }
+                }
+                // think time, so that the releaser does not simply take the
+                // lock again before anyone else can
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+        });
+    }
+    while all.next().await.is_some() {}
+    grants.lock().unwrap().clone()
+}
+
+/// The release-to-next-grant gaps of hand-offs: the next grant went to
+/// another contender that was already waiting (had called `lock` before the
+/// release). A grant to a contender that came back from its think time
+/// after the release measures its timer, not the hand-off, and is left out.
+pub(crate) fn gaps(grants: &[Grant]) -> Samples {
+    let mut sorted = grants.to_vec();
+    sorted.sort_by_key(|g| g.2);
+    let mut gaps = Samples::default();
+    for w in sorted.windows(2) {
+        let (prev, next) = (w[0], w[1]);
+        if prev.0 != next.0 && next.1 < prev.3 {
+            gaps.push(Duration::from_nanos(next.2.saturating_sub(prev.3) as u64));
+        }
+    }
+    gaps
+}
+
+/// Scenario 6c's child: `--contender <who> <urls,> <resource> <tasks>
+/// <first> <start_ns> <stop_ns>`. Warms its connections, waits for the
+/// common start, contends, and prints one `contender granted released` line
+/// per grant.
+pub(crate) fn child(args: &[String]) {
+    let who = Who::parse(&args[0]);
+    let urls: Vec<&str> = args[1].split(',').collect();
+    let resource = args[2].clone();
+    let tasks: usize = args[3].parse().unwrap();
+    let first: usize = args[4].parse().unwrap();
+    let start: u128 = args[5].parse().unwrap();
+    let stop: u128 = args[6].parse().unwrap();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let grants = runtime.block_on(async {
+        let shared = manager(who, &urls);
+        if let Some(r) = &shared {
+            redlock_harness::warm(r).await;
+        } else {
+            let warm = rslock::LockManager::new(urls.clone());
+            let _ = warm.lock("bench:warm", Duration::from_millis(10)).await;
+        }
+        let wait = start.saturating_sub(now_ns());
+        tokio::time::sleep(Duration::from_nanos(wait as u64)).await;
+        contend(Run {
+            who,
+            urls: &urls,
+            resource: &resource,
+            tasks,
+            first,
+            shared,
+            stop_at: stop,
+            max: usize::MAX,
+        })
+        .await
+    });
+    for (n, c, g, r) in &grants {
+        println!("{n} {c} {g} {r}");
+    }
+}
+
+/// Runs `processes` children of `tasks` contenders each (one manager per
+/// process) for `run`, and gathers their grants.
+pub(crate) fn in_processes(
+    who: Who,
+    urls: &[String],
+    processes: usize,
+    tasks: usize,
+    run: Duration,
+) -> Vec<Grant> {
+    let exe = std::env::current_exe().unwrap();
+    let resource = format!("bench:handoff-proc:{}", crate::subjects::token());
+    // time for every child to start and connect
+    let start = now_ns() + Duration::from_millis(1500).as_nanos();
+    let stop = start + run.as_nanos();
+    let children: Vec<_> = (0..processes)
+        .map(|p| {
+            std::process::Command::new(&exe)
+                .arg("--contender")
+                .args([
+                    who.arg(),
+                    urls.join(","),
+                    resource.clone(),
+                    tasks.to_string(),
+                    (p * tasks).to_string(),
+                    start.to_string(),
+                    stop.to_string(),
+                ])
+                .stdout(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let mut grants = Vec::new();
+    for child in children {
+        let out = child.wait_with_output().unwrap();
+        for line in String::from_utf8_lossy(&out.stdout).lines() {
+            let v: Vec<u128> = line.split(' ').filter_map(|x| x.parse().ok()).collect();
+            if let [n, c, g, r] = v[..] {
+                grants.push((n as usize, c, g, r));
+            }
+        }
+    }
+    grants
+}
