@@ -1,5 +1,5 @@
 //! The contention loop of scenarios 6, 6c and 6d: tasks take one resource
-//! in turn (hold 1 ms, think 2 ms), and every grant is recorded. Scenario 6c
+//! in turn (hold 2 ms, think 1 ms), and every grant is recorded. Scenario 6c
 //! runs it in separate OS processes: the bench binary started again with
 //! `--contender`, one manager per process.
 
@@ -12,6 +12,14 @@ use redlock_quorum::Redlock;
 
 use crate::TTL;
 use crate::samples::Samples;
+
+/// How long a contender holds the lock.
+const HOLD: Duration = Duration::from_millis(2);
+/// How long it waits after its release before it calls `lock` again:
+/// shorter than the hold, so that with two contenders the other one is
+/// always waiting when the lock is released (a longer think time measures
+/// the think timer, not the hand-off).
+const THINK: Duration = Duration::from_millis(1);
 
 /// Who contends: this crate (with a retry delay, or `None` for the
 /// defaults) or rslock with its defaults.
@@ -117,7 +125,7 @@ pub(crate) async fn contend(run: Run<'_>) -> Vec<Grant> {
                         continue;
                     };
                     granted = now_ns();
-                    tokio::time::sleep(Duration::from_millis(1)).await;
+                    tokio::time::sleep(HOLD).await;
                     released = now_ns();
                     let _ = r.unlock(&lock).await;
                 } else {
@@ -125,7 +133,7 @@ pub(crate) async fn contend(run: Run<'_>) -> Vec<Grant> {
                         continue;
                     };
                     granted = now_ns();
-                    tokio::time::sleep(Duration::from_millis(1)).await;
+                    tokio::time::sleep(HOLD).await;
                     released = now_ns();
                     theirs.unlock(&lock).await;
                 }
@@ -138,7 +146,7 @@ pub(crate) async fn contend(run: Run<'_>) -> Vec<Grant> {
                 }
                 // think time, so that the releaser does not simply take the
                 // lock again before anyone else can
-                tokio::time::sleep(Duration::from_millis(2)).await;
+                tokio::time::sleep(THINK).await;
             }
         });
     }

@@ -1,5 +1,5 @@
 //! The scenarios, numbered as in the report: 1 healthy, 2 per-node latency,
-//! 3 two nodes down, 4 validity, 5 throughput, 6 contention hand-off,
+//! 3 two nodes down, 4 validity, 5 throughput, 6 contention hand-off (6b waiting cost, 6c across OS processes, 6d starvation),
 //! 7 many guards under the watchdog, 8 two resources as one set or as two
 //! single locks.
 
@@ -307,7 +307,7 @@ const HANDOFF_SUBJECTS: [(&str, Who); 3] = [
 pub(crate) async fn scenario_handoff(env: &Env, report: &mut Report) {
     let handoffs = env.rounds(400, 60);
     report.section(
-        &format!("6. contention hand-off: one holder's release -> another holder's grant, one resource, each task its own manager (up to {handoffs} grants, hold 1 ms, think 2 ms)"),
+        &format!("6. contention hand-off: one holder's release -> another holder's grant, one resource, each task its own manager (up to {handoffs} grants, hold 2 ms, think 1 ms)"),
         &["subject", "tasks", "hand-offs", "median ms", "p99 ms"],
     );
     let urls: Vec<&str> = env.urls.iter().map(String::as_str).collect();
@@ -350,7 +350,7 @@ pub(crate) async fn scenario_handoff_processes(env: &Env, report: &mut Report) {
     const PROCESSES: usize = 8;
     let run = Duration::from_millis(if env.quick { 1500 } else { 6000 });
     report.section(
-        &format!("6c. contention hand-off across {PROCESSES} OS processes, one manager each ({} s each, hold 1 ms, think 2 ms)", run.as_secs_f64()),
+        &format!("6c. contention hand-off across {PROCESSES} OS processes, one manager each ({} s each, hold 2 ms, think 1 ms)", run.as_secs_f64()),
         &["subject", "tasks", "hand-offs", "median ms", "p99 ms"],
     );
     for per in [1usize, 4] {
@@ -377,7 +377,7 @@ pub(crate) async fn scenario_starvation(env: &Env, report: &mut Report) {
     const TASKS: usize = 32;
     let run = Duration::from_millis(if env.quick { 2000 } else { 10_000 });
     report.section(
-        &format!("6d. starvation: {TASKS} contenders, one resource, {} s (hold 1 ms, think 2 ms); grants per contender", run.as_secs_f64()),
+        &format!("6d. starvation: {TASKS} contenders, one resource, {} s (hold 2 ms, think 1 ms); grants per contender", run.as_secs_f64()),
         &["subject", "grants", "min", "median", "max", "contenders with none", "max / mean"],
     );
     let urls: Vec<&str> = env.urls.iter().map(String::as_str).collect();
