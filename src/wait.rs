@@ -27,6 +27,15 @@
 //!   waiter (its attempt may have overtaken the release on those nodes and
 //!   found the old holder there: it tries again). A waiter that leaves
 //!   without the lock after it was woken passes the wake-up to the next.
+//! - **One manager woken per release, across managers.** After a node
+//!   confirmed a channel, the link registers this manager in the key's
+//!   waiting hash there ([`scripts::waiters_key`], [`scripts::REGISTER`]),
+//!   with a lease ([`LEASE`]) it renews every third of it, and removes the
+//!   registration before it unsubscribes. The release message then names
+//!   one registered manager as the successor, and a message that names
+//!   another manager wakes nobody here ([`deliver`]). A release that names
+//!   this manager when no waiter of the key is left is passed on: the link
+//!   publishes it again without a successor, which wakes every manager.
 //! - **Degrading.** A node whose subscription is denied (ACL), down, or
 //!   broken counts as unsubscribed. A waiter sleeps on notifications alone
 //!   only while a quorum of nodes confirmed its subscription: a release that
@@ -44,9 +53,9 @@
 //! # Fairness
 //! Within one manager, waiters of a key are woken in the order they
 //! registered (first refusal first), one per release. Across managers
-//! (processes) there is no order: every manager wakes one of its own and
-//! the first round to reach a quorum wins, which favours the clients with
-//! the shortest round trip. FIFO across processes would need one queue that
+//! (processes), each release names one registered manager, picked
+//! uniformly by the token's hash. A first attempt (not yet waiting) can
+//! still take a free lock before the named waiter's round. FIFO across processes would need one queue that
 //! every client agrees on; with independent nodes that is a consensus
 //! problem (the nodes may order two enqueues differently, and a majority
 //! vote on a queue position is another Redlock round per position), so it
