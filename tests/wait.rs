@@ -490,7 +490,24 @@ async fn ten_thousand_waiters_on_a_thousand_keys_stay_bounded() {
                 .lock_within(&name, Duration::from_secs(30), Duration::from_secs(55))
                 .await
                 .unwrap_or_else(|e| panic!("every waiter gets its turn: {e:?}"));
-            waiter.unlock(&lock).await.unwrap();
+            // On a loaded 2-core machine, 10,000 waiters woken in bursts can
+            // keep an unlock past its 2 s node timeout on a quorum (seen in
+            // CI on Valkey): such an unlock is sent again, as a caller would
+            // (a repeated release is harmless), at most five times.
+            // Once the first try's deletes landed, a repeat finds the key
+            // not ours any more: released.
+            let mut tries = 0;
+            loop {
+                match waiter.unlock(&lock).await {
+                    Ok(_) => break,
+                    Err(Error::NotHeld { .. }) if tries > 0 => break,
+                    Err(e) => {
+                        eprintln!("unlock try {tries}: {e:?}");
+                        tries += 1;
+                        assert!(tries < 5, "the unlock keeps failing: {e:?}");
+                    }
+                }
+            }
             done.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }));
     }
