@@ -154,6 +154,36 @@ pub(crate) async fn contend(run: Run<'_>) -> Vec<Grant> {
     grants.lock().unwrap().clone()
 }
 
+/// [`contend`] in this process on a fresh resource named after `prefix`,
+/// for at most `run` and `max` grants; with `one_manager`, every task
+/// shares one warmed-up manager.
+pub(crate) async fn contend_here(
+    who: Who,
+    urls: &[&str],
+    prefix: &str,
+    tasks: usize,
+    one_manager: bool,
+    run: Duration,
+    max: usize,
+) -> Vec<Grant> {
+    let resource = format!("{prefix}:{}", crate::subjects::token());
+    let shared = one_manager.then(|| manager(who, urls)).flatten();
+    if let Some(r) = &shared {
+        redlock_harness::warm(r).await;
+    }
+    contend(Run {
+        who,
+        urls,
+        resource: &resource,
+        tasks,
+        first: 0,
+        shared,
+        stop_at: stop_after(run),
+        max,
+    })
+    .await
+}
+
 /// The release-to-next-grant gaps of hand-offs: the next grant went to
 /// another contender that was already waiting (had called `lock` before the
 /// release). A grant to a contender that came back from its think time

@@ -36,9 +36,9 @@ use redlock_harness::proxy::Proxy;
 use chart::chart;
 use report::Report;
 use scenarios::{
-    Env, scenario_guards, scenario_handoff, scenario_healthy, scenario_latency,
-    scenario_throughput, scenario_two_down, scenario_two_resources, scenario_validity,
-    scenario_waiting_cost,
+    Env, scenario_guards, scenario_handoff, scenario_handoff_processes, scenario_healthy,
+    scenario_latency, scenario_safety_options, scenario_starvation, scenario_throughput,
+    scenario_two_down, scenario_two_resources, scenario_validity, scenario_waiting_cost,
 };
 use subjects::Subjects;
 
@@ -153,20 +153,11 @@ async fn run(quick: bool, only: Option<Vec<String>>) {
     timed!("5", scenario_throughput(&env, &healthy, &mut report).await);
     timed!("6", scenario_handoff(&env, &mut report).await);
     timed!("6b", scenario_waiting_cost(&env, &mut report).await);
-    timed!(
-        "6c",
-        scenarios::scenario_handoff_processes(&env, &mut report).await
-    );
-    timed!(
-        "6d",
-        scenarios::scenario_starvation(&env, &mut report).await
-    );
+    timed!("6c", scenario_handoff_processes(&env, &mut report).await);
+    timed!("6d", scenario_starvation(&env, &mut report).await);
     timed!("7", scenario_guards(&env, &mut report).await);
     timed!("8", scenario_two_resources(&env, &mut report).await);
-    timed!(
-        "9",
-        scenarios::scenario_safety_options(&env, &mut report).await
-    );
+    timed!("9", scenario_safety_options(&env, &mut report).await);
     println!(
         "\nscenario wall times (s): {}",
         times

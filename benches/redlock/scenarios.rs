@@ -13,7 +13,7 @@ use redlock_harness::proxy::{Fault, Proxy};
 use redlock_quorum::Redlock;
 use serde_json::json;
 
-use crate::contend::{Run, Who, contend};
+use crate::contend::{Who, contend_here};
 use crate::heap::live_bytes;
 use crate::report::{Report, f, ratio};
 use crate::samples::Samples;
@@ -318,23 +318,9 @@ pub(crate) async fn scenario_handoff(env: &Env, report: &mut Report) {
         );
         for (k, (label, who)) in HANDOFF_SUBJECTS.into_iter().chain([shared]).enumerate() {
             let one = k == HANDOFF_SUBJECTS.len();
-            let resource = format!("bench:handoff:{}", token());
             let limit = Duration::from_millis(if env.quick { 1500 } else { 20_000 });
-            let shared = one.then(|| crate::contend::manager(who, &urls)).flatten();
-            if let Some(r) = &shared {
-                redlock_harness::warm(r).await;
-            }
-            let grants = contend(Run {
-                who,
-                urls: &urls,
-                resource: &resource,
-                tasks,
-                first: 0,
-                shared,
-                stop_at: crate::contend::stop_after(limit),
-                max: handoffs,
-            })
-            .await;
+            let grants =
+                contend_here(who, &urls, "bench:handoff", tasks, one, limit, handoffs).await;
             let gaps = crate::contend::gaps(&grants);
             report.line(
                 &[label.into(), tasks.to_string(), gaps.0.len().to_string(), f(gaps.p50()), f(gaps.p99())],
@@ -395,22 +381,7 @@ pub(crate) async fn scenario_starvation(env: &Env, report: &mut Report) {
         ("rslock 0.10 (defaults)", Who::Rslock, false),
     ];
     for (label, who, one) in subjects {
-        let resource = format!("bench:starve:{}", token());
-        let shared = one.then(|| crate::contend::manager(who, &urls)).flatten();
-        if let Some(r) = &shared {
-            redlock_harness::warm(r).await;
-        }
-        let grants = contend(Run {
-            who,
-            urls: &urls,
-            resource: &resource,
-            tasks: TASKS,
-            first: 0,
-            shared,
-            stop_at: crate::contend::stop_after(run),
-            max: usize::MAX,
-        })
-        .await;
+        let grants = contend_here(who, &urls, "bench:starve", TASKS, one, run, usize::MAX).await;
         let mut per = vec![0u64; TASKS];
         for (c, _, _, _) in &grants {
             per[*c] += 1;
