@@ -462,7 +462,7 @@ impl RedlockBuilder {
         let renewals = tokio::sync::Semaphore::new(config.renew_concurrency);
         let retries = Retries::new(nodes.len());
         let stats = crate::stats::Counters::new(nodes.len(), config.stats);
-        let waits = crate::wait::Waits::new(nodes.clone());
+        let waits = crate::wait::Waits::new(nodes.clone(), crate::wait::LEASE);
         Ok(Redlock {
             inner: Arc::new(Inner {
                 nodes,

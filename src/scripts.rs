@@ -19,6 +19,9 @@
 //! - The release channel of a lock key `K` (pub/sub, a namespace apart from
 //!   keys) is `K`, then `0xFF`, then `released` ([`release_channel`]): no
 //!   channel named by a UTF-8 string can equal it.
+//! - The managers waiting for a lock key `K` are a hash named `K`, `0xFF`,
+//!   `waiters` ([`waiters_key`]), which the release reads to name a
+//!   successor.
 //! - The generation marker of a node is the key prefix, then `0xFF`, then
 //!   `generation`: no lock key either, and no counter key (a counter key has
 //!   a non-empty resource name before its `0xFF`, and ends in `fence`).
@@ -153,9 +156,79 @@ pub(crate) fn release_channel(lock_key: &str) -> Vec<u8> {
 /// of the SHA-1 of the token (`ARGV[1]`). One release is published on every
 /// node that deleted the key, with the same message, so a subscriber on
 /// several nodes counts it once.
+///
+/// Where managers registered as waiting for the key ([`waiters_key`],
+/// [`REGISTER`]), the message also names one of them, the successor: of
+/// the live ids in byte order, the one the message's first 8 hex digits
+/// pick (modulo their number). Every node with the same registrations
+/// names the same manager, and only that one wakes a waiter; the pick is
+/// uniform over the registered managers and changes with each token. Registrations
+/// past their deadline on the node's clock are removed. Any failure of
+/// this part (a user whose ACL denies `HGETALL`, `TIME` or `HDEL`) leaves
+/// the message without a successor, which wakes every manager.
 const RELEASED: &str = r#"local function released(key)
-    redis.pcall("publish", key .. "\255released", string.sub(redis.sha1hex(ARGV[1]), 1, 16))
+    local message = string.sub(redis.sha1hex(ARGV[1]), 1, 16)
+    local ok, successor = pcall(function()
+        local queue = key .. "\255waiters"
+        local ids = redis.call("hgetall", queue)
+        if #ids == 0 then
+            return nil
+        end
+        local t = redis.call("time")
+        local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+        local live = {}
+        for i = 1, #ids, 2 do
+            local deadline = tonumber(ids[i + 1])
+            if deadline and deadline > now then
+                live[#live + 1] = ids[i]
+            else
+                redis.call("hdel", queue, ids[i])
+            end
+        end
+        if #live == 0 then
+            return nil
+        end
+        table.sort(live)
+        return live[tonumber(string.sub(message, 1, 8), 16) % #live + 1]
+    end)
+    if ok and successor then
+        message = message .. " " .. successor
+    end
+    redis.pcall("publish", key .. "\255released", message)
 end"#;
+
+/// The bytes after a lock key in the name of its waiting managers' hash.
+const WAITERS_SUFFIX: &[u8] = b"waiters";
+
+/// The hash of the managers waiting for lock key `K`: `K`, then `0xFF`, then
+/// `waiters`. Fields are manager ids; values the registration's deadline in
+/// milliseconds on the node's clock.
+pub(crate) fn waiters_key(lock_key: &[u8]) -> Vec<u8> {
+    let mut key = Vec::with_capacity(lock_key.len() + 1 + WAITERS_SUFFIX.len());
+    key.extend_from_slice(lock_key);
+    key.push(SEPARATOR);
+    key.extend_from_slice(WAITERS_SUFFIX);
+    key
+}
+
+/// The lock key of a [`release_channel`].
+pub(crate) fn channel_lock_key(channel: &[u8]) -> &[u8] {
+    channel
+        .strip_suffix(CHANNEL_SUFFIX)
+        .and_then(|c| c.strip_suffix(&[SEPARATOR]))
+        .unwrap_or(channel)
+}
+
+/// `KEYS[1]` = a [`waiters_key`], `ARGV[1]` = manager id, `ARGV[2]` = lease
+/// in milliseconds. Registers the manager as waiting until the node's
+/// clock plus the lease, and keeps the hash that long (every manager
+/// registers with the same lease and renews it). Returns 1.
+/// Sent with `EVAL` (it is short, and survives a `SCRIPT FLUSH`).
+pub(crate) const REGISTER: &str = r#"local t = redis.call("time")
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call("hset", KEYS[1], ARGV[1], now + tonumber(ARGV[2]))
+redis.call("pexpire", KEYS[1], ARGV[2])
+return 1"#;
 
 /// `KEYS[1]` = key, `ARGV[1]` = token, `ARGV[2]` = ttl in milliseconds.
 /// Where the key holds the token, resets its expiry and returns 1. Where the

@@ -27,6 +27,15 @@
 //!   waiter (its attempt may have overtaken the release on those nodes and
 //!   found the old holder there: it tries again). A waiter that leaves
 //!   without the lock after it was woken passes the wake-up to the next.
+//! - **One manager woken per release, across managers.** After a node
+//!   confirmed a channel, the link registers this manager in the key's
+//!   waiting hash there ([`scripts::waiters_key`], [`scripts::REGISTER`]),
+//!   with a lease ([`LEASE`]) it renews every third of it, and removes the
+//!   registration before it unsubscribes. The release message then names
+//!   one registered manager as the successor, and a message that names
+//!   another manager wakes nobody here ([`deliver`]). A release that names
+//!   this manager when no waiter of the key is left is passed on: the link
+//!   publishes it again without a successor, which wakes every manager.
 //! - **Degrading.** A node whose subscription is denied (ACL), down, or
 //!   broken counts as unsubscribed. A waiter sleeps on notifications alone
 //!   only while a quorum of nodes confirmed its subscription: a release that
@@ -44,9 +53,9 @@
 //! # Fairness
 //! Within one manager, waiters of a key are woken in the order they
 //! registered (first refusal first), one per release. Across managers
-//! (processes) there is no order: every manager wakes one of its own and
-//! the first round to reach a quorum wins, which favours the clients with
-//! the shortest round trip. FIFO across processes would need one queue that
+//! (processes), each release names one registered manager, picked
+//! uniformly by the token's hash. A first attempt (not yet waiting) can
+//! still take a free lock before the named waiter's round. FIFO across processes would need one queue that
 //! every client agrees on; with independent nodes that is a consensus
 //! problem (the nodes may order two enqueues differently, and a majority
 //! vote on a queue position is another Redlock round per position), so it
@@ -77,6 +86,10 @@ const DENIED_PAUSE: Duration = Duration::from_secs(30);
 const FIRST_BACKOFF: Duration = Duration::from_millis(25);
 /// The longest such pause.
 const MAX_BACKOFF: Duration = Duration::from_secs(1);
+/// How long a manager's registration in a key's waiting hash lasts unless
+/// its link renews it (every third of it): a manager that dies is named as
+/// a successor for at most this long.
+pub(crate) const LEASE: Duration = Duration::from_secs(6);
 
 /// The remaining times to live the nodes that refused an attempt reported:
 /// `Some(ms)`, or `None` for a key without expiry.
@@ -163,6 +176,11 @@ pub(crate) struct Waits {
 
 struct Shared {
     nodes: Vec<Arc<Node>>,
+    /// This manager's id in the keys' waiting hashes
+    /// ([`scripts::waiters_key`]): 16 random hex digits.
+    id: String,
+    /// How long a registration in a waiting hash lasts unless renewed.
+    lease: Duration,
     /// Never held across an await.
     state: Mutex<State>,
     /// Notified whenever a subscription was confirmed or a link changed
@@ -181,6 +199,8 @@ impl std::fmt::Debug for Shared {
 
 struct State {
     channels: HashMap<Vec<u8>, Channel>,
+    /// The last releases that woke a waiter here, whatever their key.
+    used: VecDeque<Vec<u8>>,
     links: Vec<Link>,
     next_id: u64,
 }
@@ -237,13 +257,20 @@ impl Channel {
 }
 
 impl Waits {
-    pub(crate) fn new(nodes: Vec<Arc<Node>>) -> Self {
+    /// The waiters of a manager of `nodes`; its registrations as a waiting
+    /// manager last `lease` unless renewed (each link renews them every
+    /// third of it).
+    pub(crate) fn new(nodes: Vec<Arc<Node>>, lease: Duration) -> Self {
+        use rand::RngExt;
         let links = nodes.iter().map(|_| Link::default()).collect();
         Waits {
             shared: Arc::new(Shared {
                 nodes,
+                id: format!("{:016x}", rand::rng().random::<u64>()),
+                lease,
                 state: Mutex::new(State {
                     channels: HashMap::new(),
+                    used: VecDeque::new(),
                     links,
                     next_id: 0,
                 }),
@@ -483,11 +510,25 @@ fn wake_all(state: &State) {
 }
 
 /// Counts a release message: once per release, however many nodes publish
-/// it, waking one waiter.
-fn deliver(shared: &Shared, channel: &[u8], message: &[u8]) {
+/// it, waking one waiter. A message that names another manager as the
+/// successor wakes nobody here. Returns the message's release hash when it
+/// named this manager and no waiter of the key is left: the caller passes
+/// the release on to every manager.
+fn deliver(shared: &Shared, channel: &[u8], message: &[u8]) -> Option<Vec<u8>> {
+    let (message, successor) = match message.iter().position(|&b| b == b' ') {
+        Some(at) => (&message[..at], Some(&message[at + 1..])),
+        None => (message, None),
+    };
+    if successor.is_some_and(|s| s != shared.id.as_bytes()) {
+        return None;
+    }
     let mut state = shared.lock();
-    let Some(entry) = state.channels.get_mut(channel) else {
-        return;
+    let State { channels, used, .. } = &mut *state;
+    let Some(entry) = channels.get_mut(channel) else {
+        // The copies from the other nodes of a release that a waiter here
+        // already took are no orphans.
+        let took = used.iter().any(|m| m == message);
+        return successor.filter(|_| !took).map(|_| message.to_vec());
     };
     if let Some((_, woke)) = entry.recent.iter().find(|(m, _)| m == message) {
         // The same release from another node: it goes to the waiter the
@@ -500,7 +541,7 @@ fn deliver(shared: &Shared, channel: &[u8], message: &[u8]) {
             slot.woken = true;
             slot.wake.notify_one();
         }
-        return;
+        return None;
     }
     if entry.recent.len() == RECENT {
         entry.recent.pop_front();
@@ -509,6 +550,13 @@ fn deliver(shared: &Shared, channel: &[u8], message: &[u8]) {
     entry
         .recent
         .push_back((message.to_vec(), woke.unwrap_or(u64::MAX)));
+    if woke.is_some() {
+        if used.len() == RECENT {
+            used.pop_front();
+        }
+        used.push_back(message.to_vec());
+    }
+    None
 }
 
 /// Sets node `index`'s status and, when it went down, forgets its
@@ -617,6 +665,12 @@ async fn serve(
     }
     drop(strong);
     *was_up = true;
+    let (node, id, lease) = match shared.upgrade() {
+        Some(s) => (s.nodes[index].clone(), s.id.clone(), s.lease),
+        None => return Ended::Closed,
+    };
+    let mut renew = tokio::time::interval_at((Instant::now() + lease / 3).into(), lease / 3);
+    renew.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             message = stream.next() => {
@@ -626,9 +680,22 @@ async fn serve(
                 let Some(strong) = shared.upgrade() else {
                     return Ended::Closed;
                 };
-                if let Ok(channel) = message.get_channel::<Vec<u8>>() {
-                    deliver(&strong, &channel, message.get_payload_bytes());
+                let Ok(channel) = message.get_channel::<Vec<u8>>() else {
+                    continue;
+                };
+                let orphan = deliver(&strong, &channel, message.get_payload_bytes());
+                drop(strong);
+                if let Some(hash) = orphan {
+                    // Named, with no waiter left here: every manager is
+                    // told instead (the message names no successor).
+                    let mut cmd = redis::cmd("PUBLISH");
+                    cmd.arg(&channel).arg(hash);
+                    queue_commands(&node, vec![cmd]).await;
                 }
+            }
+            _ = renew.tick() => {
+                let cmds = actual.iter().map(|c| register_cmd(c, &id, lease)).collect();
+                queue_commands(&node, cmds).await;
             }
             change = changes.recv() => {
                 let Some(first) = change else {
@@ -665,6 +732,18 @@ async fn serve(
                 };
                 drop(strong);
                 for chunk in remove.chunks(BATCH) {
+                    // Out of the waiting hashes first: a release must not
+                    // name this manager for a key it no longer waits for.
+                    let cmds = chunk
+                        .iter()
+                        .map(|c| {
+                            let mut cmd = redis::cmd("HDEL");
+                            cmd.arg(scripts::waiters_key(scripts::channel_lock_key(c)))
+                                .arg(&id);
+                            cmd
+                        })
+                        .collect();
+                    queue_commands(&node, cmds).await;
                     if sink.unsubscribe(chunk).await.is_err() {
                         return Ended::Broken;
                     }
@@ -680,8 +759,42 @@ async fn serve(
     }
 }
 
+/// The registration of this manager (`id`) in the waiting hash of
+/// `channel`'s key, for `lease` ([`scripts::REGISTER`]).
+fn register_cmd(channel: &[u8], id: &str, lease: Duration) -> redis::Cmd {
+    let mut cmd = redis::cmd("EVAL");
+    cmd.arg(scripts::REGISTER)
+        .arg(1)
+        .arg(scripts::waiters_key(scripts::channel_lock_key(channel)))
+        .arg(id)
+        .arg(lease.as_millis() as u64);
+    cmd
+}
+
+/// Sends `cmds` to the node on its ordinary connection in one pipeline,
+/// within a second, ignoring the replies: a registration that fails (an
+/// ACL, a node down) only means that releases there do not name this
+/// manager, and its waiters are woken as before the registration.
+async fn queue_commands(node: &Node, cmds: Vec<redis::Cmd>) {
+    if cmds.is_empty() {
+        return;
+    }
+    let mut pipe = redis::pipe();
+    for cmd in cmds {
+        pipe.add_command(cmd).ignore();
+    }
+    let _ = tokio::time::timeout(Duration::from_secs(1), async {
+        if let Ok(conn) = node.connection().await {
+            let mut conn = conn.conn;
+            let _: Result<(), _> = pipe.query_async(&mut conn).await;
+        }
+    })
+    .await;
+}
+
 /// Subscribes `channels` in batches and marks them confirmed on node
-/// `index`.
+/// `index`, then registers this manager in their keys' waiting hashes
+/// (after the subscription: a release that names it must reach it).
 async fn subscribe(
     shared: &Weak<Shared>,
     index: usize,
@@ -701,14 +814,22 @@ async fn subscribe(
         let Some(strong) = shared.upgrade() else {
             return Err(Ended::Closed);
         };
-        let mut state = strong.lock();
-        for channel in chunk {
-            if let Some(entry) = state.channels.get_mut(channel) {
-                entry.subscribed[index] = true;
+        {
+            let mut state = strong.lock();
+            for channel in chunk {
+                if let Some(entry) = state.channels.get_mut(channel) {
+                    entry.subscribed[index] = true;
+                }
             }
         }
-        drop(state);
         strong.changed.notify_waiters();
+        let node = strong.nodes[index].clone();
+        let cmds = chunk
+            .iter()
+            .map(|c| register_cmd(c, &strong.id, strong.lease))
+            .collect();
+        drop(strong);
+        queue_commands(&node, cmds).await;
     }
     Ok(())
 }
@@ -765,7 +886,7 @@ mod tests {
         assert_eq!(channel.wake_one(), Some(1));
         assert_eq!(channel.wake_one(), None);
         assert!(channel.waiters.iter().all(|s| s.woken));
-        let waits = Waits::new(Vec::new());
+        let waits = Waits::new(Vec::new(), Duration::from_secs(3));
         assert_eq!(waits.channels(), 0);
     }
 }

@@ -555,3 +555,105 @@ async fn ten_thousand_waiters_on_a_thousand_keys_stay_bounded() {
         (0..3).all(|i| release_channels(cl, i) == 0)
     }));
 }
+
+/// The hash of the managers waiting for a lock key: the key, `0xFF`,
+/// `waiters`.
+fn waiters_key(key: &str) -> Vec<u8> {
+    let mut k = key.as_bytes().to_vec();
+    k.push(0xFF);
+    k.extend_from_slice(b"waiters");
+    k
+}
+
+/// How many `SET` calls node `i` has processed.
+fn set_calls(cluster: &Cluster, i: usize) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(&mut cluster.conn(i))
+        .unwrap();
+    info.lines()
+        .find_map(|l| l.strip_prefix("cmdstat_set:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_wakes_only_the_manager_it_names() {
+    const MANAGERS: usize = 6;
+    let cluster = Cluster::start(3);
+    let holder = cluster.redlock();
+    let res = resource("successor");
+    let mut lock = holder.lock(&res, TTL).await.unwrap();
+    let mut owner = holder.clone();
+    let (granted, mut grants) = tokio::sync::mpsc::unbounded_channel();
+    let mut tasks = Vec::new();
+    for n in 0..MANAGERS {
+        // a timed retry far beyond the test: only notifications hand over
+        let waiter = slow_poller(&cluster, Duration::from_secs(20));
+        let (res, granted) = (res.clone(), granted.clone());
+        tasks.push(tokio::spawn(async move {
+            let lock = waiter.lock_within(&res, TTL, Duration::from_secs(15)).await;
+            let _ = granted.send((n, waiter, lock));
+        }));
+    }
+    assert!(subscribed_everywhere(&cluster, &res, MANAGERS as i64));
+    let registered = cluster.eventually(Duration::from_secs(3), |cl| {
+        (0..cl.len()).all(|i| {
+            let n: usize = redis::cmd("HLEN")
+                .arg(waiters_key(&res))
+                .query(&mut cl.conn(i))
+                .unwrap();
+            n == MANAGERS
+        })
+    });
+    assert!(registered, "every manager registered on every node");
+    let mut winners = Vec::new();
+    for round in 0..MANAGERS {
+        let before = set_calls(&cluster, 0);
+        let released = Instant::now();
+        owner.unlock(&lock).await.unwrap();
+        let (n, next, next_lock) = tokio::time::timeout(Duration::from_secs(5), grants.recv())
+            .await
+            .expect("a waiter got the lock within 5 s of the release")
+            .unwrap();
+        let gap = released.elapsed();
+        assert!(
+            gap < Duration::from_secs(2),
+            "round {round}: notified, not polled: {gap:?}"
+        );
+        // the other waiters' rounds, if any woke, would be done by now
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        let sets = set_calls(&cluster, 0) - before;
+        println!("round {round}: manager {n} after {gap:?}, {sets} SETs on node 0");
+        assert!(
+            sets <= 2,
+            "round {round}: only the named manager tried, not all {} waiting: {sets} SETs",
+            MANAGERS - round
+        );
+        winners.push(n);
+        lock = next_lock.unwrap();
+        owner = next;
+    }
+    winners.sort_unstable();
+    assert_eq!(
+        winners,
+        (0..MANAGERS).collect::<Vec<_>>(),
+        "each got it once"
+    );
+    owner.unlock(&lock).await.unwrap();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    // Nobody waits any more: every manager left the waiting hash.
+    let empty = cluster.eventually(Duration::from_secs(3), |cl| {
+        (0..cl.len()).all(|i| {
+            let exists: bool = redis::cmd("EXISTS")
+                .arg(waiters_key(&res))
+                .query(&mut cl.conn(i))
+                .unwrap();
+            !exists
+        })
+    });
+    assert!(empty, "no waiting hash left once no waiter remains");
+}
