@@ -581,7 +581,8 @@ fn set_calls(cluster: &Cluster, i: usize) -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_wakes_only_the_manager_it_names() {
     const MANAGERS: usize = 6;
-    let cluster = Cluster::start(3);
+    const NODES: usize = 3;
+    let cluster = Cluster::start(NODES);
     let holder = cluster.redlock();
     let res = resource("successor");
     let mut lock = holder.lock(&res, TTL).await.unwrap();
@@ -626,8 +627,13 @@ async fn a_release_wakes_only_the_manager_it_names() {
         tokio::time::sleep(Duration::from_millis(150)).await;
         let sets = set_calls(&cluster, 0) - before;
         println!("round {round}: manager {n} after {gap:?}, {sets} SETs on node 0");
+        // The named manager tries once per copy of the release at most
+        // (a copy from a node where the release landed first can wake it
+        // before the release lands on the others, which then refuse it):
+        // at most one SET per node. Every waiting manager woken would be
+        // at least 6 in the first round.
         assert!(
-            sets <= 2,
+            sets <= NODES as u64,
             "round {round}: only the named manager tried, not all {} waiting: {sets} SETs",
             MANAGERS - round
         );
