@@ -158,14 +158,20 @@ pub(crate) fn release_channel(lock_key: &str) -> Vec<u8> {
 /// several nodes counts it once.
 ///
 /// Where managers registered as waiting for the key ([`waiters_key`],
-/// [`REGISTER`]), the message also names one of them, the successor: of
+/// [`REGISTER`]), the release goes to one of them only, the successor: of
 /// the live ids in byte order, the one the message's first 8 hex digits
-/// pick (modulo their number). Every node with the same registrations
-/// names the same manager, and only that one wakes a waiter; the pick is
-/// uniform over the registered managers and changes with each token. Registrations
-/// past their deadline on the node's clock are removed. Any failure of
-/// this part (a user whose ACL denies `HGETALL`, `TIME` or `HDEL`) leaves
-/// the message without a successor, which wakes every manager.
+/// pick (modulo their number). It is published on that manager's own
+/// channel for the key ([`successor_channel`]), so the other managers do
+/// not even receive it. Every node with the same registrations names the
+/// same manager; the pick is uniform over the registered managers and
+/// changes with each token. Registrations past their deadline on the
+/// node's clock are removed, and so is one whose channel has no subscriber
+/// (`PUBLISH` returned 0: a manager that died or lost its connection);
+/// the release is then published on the key's channel for everyone, as it
+/// is when that `PUBLISH` fails (an ACL that allows the key's channel
+/// only). Any
+/// failure of this part (a user whose ACL denies `HGETALL`, `TIME` or
+/// `HDEL`) also publishes on the key's channel, which wakes every manager.
 const RELEASED: &str = r#"local function released(key)
     local message = string.sub(redis.sha1hex(ARGV[1]), 1, 16)
     local ok, successor = pcall(function()
@@ -191,10 +197,17 @@ const RELEASED: &str = r#"local function released(key)
         table.sort(live)
         return live[tonumber(string.sub(message, 1, 8), 16) % #live + 1]
     end)
+    local channel = key .. "\255released"
     if ok and successor then
-        message = message .. " " .. successor
+        local sent = redis.pcall("publish", channel .. "\255" .. successor, message)
+        if type(sent) == "number" and sent > 0 then
+            return
+        end
+        if sent == 0 then
+            redis.pcall("hdel", key .. "\255waiters", successor)
+        end
     end
-    redis.pcall("publish", key .. "\255released", message)
+    redis.pcall("publish", channel, message)
 end"#;
 
 /// The bytes after a lock key in the name of its waiting managers' hash.
@@ -209,6 +222,17 @@ pub(crate) fn waiters_key(lock_key: &[u8]) -> Vec<u8> {
     key.push(SEPARATOR);
     key.extend_from_slice(WAITERS_SUFFIX);
     key
+}
+
+/// The channel on which the releases of a lock key go to the manager `id`
+/// when a release names it as the successor: the key's [`release_channel`],
+/// then `0xFF`, then the id.
+pub(crate) fn successor_channel(release_channel: &[u8], id: &str) -> Vec<u8> {
+    let mut channel = Vec::with_capacity(release_channel.len() + 1 + id.len());
+    channel.extend_from_slice(release_channel);
+    channel.push(SEPARATOR);
+    channel.extend_from_slice(id.as_bytes());
+    channel
 }
 
 /// The lock key of a [`release_channel`].

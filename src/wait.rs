@@ -27,15 +27,22 @@
 //!   waiter (its attempt may have overtaken the release on those nodes and
 //!   found the old holder there: it tries again). A waiter that leaves
 //!   without the lock after it was woken passes the wake-up to the next.
-//! - **One manager woken per release, across managers.** After a node
-//!   confirmed a channel, the link registers this manager in the key's
-//!   waiting hash there ([`scripts::waiters_key`], [`scripts::REGISTER`]),
-//!   with a lease ([`LEASE`]) it renews every third of it, and removes the
-//!   registration before it unsubscribes. The release message then names
-//!   one registered manager as the successor, and a message that names
-//!   another manager wakes nobody here ([`deliver`]). A release that names
-//!   this manager when no waiter of the key is left is passed on: the link
-//!   publishes it again without a successor, which wakes every manager.
+//! - **One manager woken per release, across managers.** Each manager
+//!   also subscribes its own channel for each key it waits for
+//!   ([`scripts::successor_channel`]: the key's channel, `0xFF`, its id),
+//!   and then registers in the key's waiting hash on that node
+//!   ([`scripts::waiters_key`], [`scripts::REGISTER`]), with a lease
+//!   ([`LEASE`]) it renews every third of it; it removes the registration
+//!   before it unsubscribes. A release picks one registered manager, the
+//!   successor, and publishes on that manager's channel only: the other
+//!   managers receive nothing. A release whose successor has no subscriber
+//!   there (it died, or its connection broke) drops that registration and
+//!   publishes on the key's channel instead, for everyone; so does one
+//!   whose own-channel `PUBLISH` is denied. A manager named when no waiter
+//!   of the key is left passes the release on: its link publishes it again
+//!   on the key's channel. A node that denies the own channels (an ACL
+//!   that allows the keys' channels only) gets no registration: its
+//!   releases wake every manager, as without this.
 //! - **Degrading.** A node whose subscription is denied (ACL), down, or
 //!   broken counts as unsubscribed. A waiter sleeps on notifications alone
 //!   only while a quorum of nodes confirmed its subscription: a release that
@@ -509,26 +516,19 @@ fn wake_all(state: &State) {
     }
 }
 
-/// Counts a release message: once per release, however many nodes publish
-/// it, waking one waiter. A message that names another manager as the
-/// successor wakes nobody here. Returns the message's release hash when it
-/// named this manager and no waiter of the key is left: the caller passes
-/// the release on to every manager.
-fn deliver(shared: &Shared, channel: &[u8], message: &[u8]) -> Option<Vec<u8>> {
-    let (message, successor) = match message.iter().position(|&b| b == b' ') {
-        Some(at) => (&message[..at], Some(&message[at + 1..])),
-        None => (message, None),
-    };
-    if successor.is_some_and(|s| s != shared.id.as_bytes()) {
-        return None;
-    }
+/// Counts a release message on `channel` (a key's release channel): once
+/// per release, however many nodes publish it, waking one waiter. `named`:
+/// it came on this manager's own channel for the key, naming it the
+/// successor. Returns the message when it named this manager and no waiter
+/// of the key is left: the caller passes the release on to every manager.
+fn deliver(shared: &Shared, channel: &[u8], message: &[u8], named: bool) -> Option<Vec<u8>> {
     let mut state = shared.lock();
     let State { channels, used, .. } = &mut *state;
     let Some(entry) = channels.get_mut(channel) else {
         // The copies from the other nodes of a release that a waiter here
         // already took are no orphans.
         let took = used.iter().any(|m| m == message);
-        return successor.filter(|_| !took).map(|_| message.to_vec());
+        return (named && !took).then(|| message.to_vec());
     };
     if let Some((_, woke)) = entry.recent.iter().find(|(m, _)| m == message) {
         // The same release from another node: it goes to the waiter the
@@ -648,11 +648,20 @@ async fn serve(
 ) -> Ended {
     let (mut sink, mut stream) = pubsub.split();
     let mut actual: HashSet<Vec<u8>> = HashSet::new();
-    let wanted: Vec<Vec<u8>> = match shared.upgrade() {
-        Some(s) => s.lock().channels.keys().cloned().collect(),
+    let (wanted, node, id, lease) = match shared.upgrade() {
+        Some(s) => {
+            let wanted: Vec<Vec<u8>> = s.lock().channels.keys().cloned().collect();
+            (wanted, s.nodes[index].clone(), s.id.clone(), s.lease)
+        }
         None => return Ended::Closed,
     };
-    if let Err(ended) = subscribe(shared, index, &mut sink, &mut actual, wanted).await {
+    // This manager's channels for the keys it is named the successor of
+    // end in this; `named` turns false for the session if the node denies
+    // them (an ACL that allows the keys' channels only).
+    let own_suffix = scripts::successor_channel(b"", &id);
+    let mut named = true;
+    let subscribed = subscribe(shared, index, &mut sink, &mut actual, &mut named, wanted);
+    if let Err(ended) = subscribed.await {
         return ended;
     }
     let Some(strong) = shared.upgrade() else {
@@ -665,10 +674,6 @@ async fn serve(
     }
     drop(strong);
     *was_up = true;
-    let (node, id, lease) = match shared.upgrade() {
-        Some(s) => (s.nodes[index].clone(), s.id.clone(), s.lease),
-        None => return Ended::Closed,
-    };
     let mut renew = tokio::time::interval_at((Instant::now() + lease / 3).into(), lease / 3);
     renew.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -680,20 +685,24 @@ async fn serve(
                 let Some(strong) = shared.upgrade() else {
                     return Ended::Closed;
                 };
-                let Ok(channel) = message.get_channel::<Vec<u8>>() else {
+                let Ok(mut channel) = message.get_channel::<Vec<u8>>() else {
                     continue;
                 };
-                let orphan = deliver(&strong, &channel, message.get_payload_bytes());
+                let named = channel.ends_with(&own_suffix);
+                if named {
+                    channel.truncate(channel.len() - own_suffix.len());
+                }
+                let orphan = deliver(&strong, &channel, message.get_payload_bytes(), named);
                 drop(strong);
                 if let Some(hash) = orphan {
                     // Named, with no waiter left here: every manager is
-                    // told instead (the message names no successor).
+                    // told instead, on the key's channel.
                     let mut cmd = redis::cmd("PUBLISH");
                     cmd.arg(&channel).arg(hash);
                     queue_commands(&node, vec![cmd]).await;
                 }
             }
-            _ = renew.tick() => {
+            _ = renew.tick(), if named => {
                 let cmds = actual.iter().map(|c| register_cmd(c, &id, lease)).collect();
                 queue_commands(&node, cmds).await;
             }
@@ -744,14 +753,19 @@ async fn serve(
                         })
                         .collect();
                     queue_commands(&node, cmds).await;
-                    if sink.unsubscribe(chunk).await.is_err() {
+                    let mut names = chunk.to_vec();
+                    if named {
+                        names.extend(chunk.iter().map(|c| scripts::successor_channel(c, &id)));
+                    }
+                    if sink.unsubscribe(names).await.is_err() {
                         return Ended::Broken;
                     }
                     for c in chunk {
                         actual.remove(c);
                     }
                 }
-                if let Err(ended) = subscribe(shared, index, &mut sink, &mut actual, add).await {
+                let subscribed = subscribe(shared, index, &mut sink, &mut actual, &mut named, add);
+                if let Err(ended) = subscribed.await {
                     return ended;
                 }
             }
@@ -792,24 +806,29 @@ async fn queue_commands(node: &Node, cmds: Vec<redis::Cmd>) {
     .await;
 }
 
-/// Subscribes `channels` in batches and marks them confirmed on node
-/// `index`, then registers this manager in their keys' waiting hashes
-/// (after the subscription: a release that names it must reach it).
+/// Subscribes `channels` (keys' release channels) in batches and marks
+/// them confirmed on node `index`; then, while `named`, subscribes this
+/// manager's own channels for those keys ([`scripts::successor_channel`])
+/// and registers it in the keys' waiting hashes (after the subscription: a
+/// release that names it must reach it). A node that denies the own
+/// channels turns `named` false: its releases then wake every manager.
 async fn subscribe(
     shared: &Weak<Shared>,
     index: usize,
     sink: &mut redis::aio::PubSubSink,
     actual: &mut HashSet<Vec<u8>>,
+    named: &mut bool,
     channels: Vec<Vec<u8>>,
 ) -> Result<(), Ended> {
-    for chunk in channels.chunks(BATCH) {
-        if let Err(e) = sink.subscribe(chunk).await {
-            return Err(if e.code() == Some("NOPERM") {
-                Ended::Denied
-            } else {
-                Ended::Broken
-            });
+    let denied = |e: redis::RedisError| {
+        if e.code() == Some("NOPERM") {
+            Ended::Denied
+        } else {
+            Ended::Broken
         }
+    };
+    for chunk in channels.chunks(BATCH) {
+        sink.subscribe(chunk).await.map_err(denied)?;
         actual.extend(chunk.iter().cloned());
         let Some(strong) = shared.upgrade() else {
             return Err(Ended::Closed);
@@ -823,12 +842,24 @@ async fn subscribe(
             }
         }
         strong.changed.notify_waiters();
-        let node = strong.nodes[index].clone();
-        let cmds = chunk
-            .iter()
-            .map(|c| register_cmd(c, &strong.id, strong.lease))
-            .collect();
+        if !*named {
+            continue;
+        }
+        let (node, id, lease) = (strong.nodes[index].clone(), strong.id.clone(), strong.lease);
         drop(strong);
+        let own: Vec<Vec<u8>> = chunk
+            .iter()
+            .map(|c| scripts::successor_channel(c, &id))
+            .collect();
+        match sink.subscribe(own).await.map_err(denied) {
+            Ok(()) => {}
+            Err(Ended::Denied) => {
+                *named = false;
+                continue;
+            }
+            Err(ended) => return Err(ended),
+        }
+        let cmds = chunk.iter().map(|c| register_cmd(c, &id, lease)).collect();
         queue_commands(&node, cmds).await;
     }
     Ok(())

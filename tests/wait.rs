@@ -663,3 +663,77 @@ async fn a_release_wakes_only_the_manager_it_names() {
     });
     assert!(empty, "no waiting hash left once no waiter remains");
 }
+
+/// How many fields the waiting hash of `key` has on node `i`.
+fn waiting(cluster: &Cluster, i: usize, key: &str) -> usize {
+    redis::cmd("HLEN")
+        .arg(waiters_key(key))
+        .query(&mut cluster.conn(i))
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_that_names_a_dead_manager_wakes_everyone_instead() {
+    // 50 registrations of managers that do not exist (nobody subscribes
+    // their channels), beside one real waiting manager: nearly every
+    // release names a dead one. Its PUBLISH then reaches nobody, and the
+    // release must go out on the key's channel instead, and drop the dead
+    // registration. Without that, the waiter would sleep until its 20 s
+    // timed retry or the 10 s expiry.
+    const DEAD: usize = 50;
+    let cluster = Cluster::start(3);
+    let holder = cluster.redlock();
+    let waiter = slow_poller(&cluster, Duration::from_secs(20));
+    let res = resource("dead-successor");
+    let dead: Vec<String> = (0..DEAD).map(|d| format!("{d:016x}")).collect();
+    for i in 0..cluster.len() {
+        let mut cmd = redis::cmd("HSET");
+        cmd.arg(waiters_key(&res));
+        for id in &dead {
+            cmd.arg(id).arg(i64::MAX / 2);
+        }
+        let _: () = cmd.query(&mut cluster.conn(i)).unwrap();
+    }
+    for round in 0..4 {
+        let lock = holder.lock(&res, TTL).await.unwrap();
+        let task = {
+            let (waiter, res) = (waiter.clone(), res.clone());
+            tokio::spawn(
+                async move { waiter.lock_within(&res, TTL, Duration::from_secs(15)).await },
+            )
+        };
+        assert!(subscribed_everywhere(&cluster, &res, 1));
+        let registered = cluster.eventually(Duration::from_secs(3), |cl| {
+            (0..cl.len()).all(|i| {
+                let ids: Vec<String> = redis::cmd("HKEYS")
+                    .arg(waiters_key(&res))
+                    .query(&mut cl.conn(i))
+                    .unwrap();
+                ids.iter().any(|id| !dead.contains(id))
+            })
+        });
+        assert!(
+            registered,
+            "round {round}: the waiter registered beside the dead"
+        );
+        let released = Instant::now();
+        holder.unlock(&lock).await.unwrap();
+        let next = tokio::time::timeout(Duration::from_secs(5), task)
+            .await
+            .expect("the waiter got the lock within 5 s")
+            .unwrap()
+            .unwrap();
+        let gap = released.elapsed();
+        assert!(
+            gap < Duration::from_secs(2),
+            "round {round}: woken, not polled: {gap:?}"
+        );
+        waiter.unlock(&next).await.unwrap();
+    }
+    // Each release that named a dead manager dropped it where it found no
+    // subscriber; the waiter's own registration goes when it stops waiting.
+    let left = cluster.eventually(Duration::from_secs(3), |cl| {
+        (0..cl.len()).all(|i| waiting(cl, i, &res) < DEAD)
+    });
+    assert!(left, "dead registrations were dropped");
+}
