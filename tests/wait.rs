@@ -55,6 +55,17 @@ fn release_channels(cluster: &Cluster, i: usize) -> usize {
     channels.len()
 }
 
+/// How many managers' own release channels (a key's release channel,
+/// `0xFF`, a manager id) node `i` has subscribers on.
+fn own_channels(cluster: &Cluster, i: usize) -> usize {
+    let channels: Vec<Vec<u8>> = redis::cmd("PUBSUB")
+        .arg("CHANNELS")
+        .arg(b"*released\xFF*".as_slice())
+        .query(&mut cluster.conn(i))
+        .unwrap();
+    channels.len()
+}
+
 /// How many pub/sub connections node `i` has.
 fn pubsub_clients(cluster: &Cluster, i: usize) -> usize {
     let list: String = redis::cmd("CLIENT")
@@ -380,6 +391,8 @@ async fn a_cancelled_waiter_leaves_no_subscription() {
             0,
             "no release channel left on node {i}"
         );
+        assert_eq!(own_channels(&cluster, i), 0, "no own channel on node {i}");
+        assert_eq!(waiting(&cluster, i, &res), 0, "no registration on node {i}");
     }
     // A second waiter of the same key, after the first left: a new
     // subscription, and the release reaches it.
@@ -516,11 +529,12 @@ async fn ten_thousand_waiters_on_a_thousand_keys_stay_bounded() {
     });
     let registered_in = started.elapsed();
     let channels: Vec<usize> = (0..3).map(|i| release_channels(&cluster, i)).collect();
+    let own: Vec<usize> = (0..3).map(|i| own_channels(&cluster, i)).collect();
     let clients: Vec<usize> = (0..3).map(|i| pubsub_clients(&cluster, i)).collect();
     let memory_after: Vec<i64> = (0..3).map(|i| used_memory(&cluster, i)).collect();
     let rss_after = rss_kib();
     println!(
-        "{WAITERS} waiters on {KEYS} keys: subscribed in {registered_in:?}; per node: {channels:?} channels on {clients:?} pub/sub connections; node memory +{:?} KiB; client RSS +{} KiB ({} B per waiter)",
+        "{WAITERS} waiters on {KEYS} keys: subscribed in {registered_in:?}; per node: {channels:?} key channels and {own:?} own channels on {clients:?} pub/sub connections; node memory +{:?} KiB; client RSS +{} KiB ({} B per waiter)",
         memory_before
             .iter()
             .zip(&memory_after)
@@ -532,6 +546,10 @@ async fn ten_thousand_waiters_on_a_thousand_keys_stay_bounded() {
     assert!(
         all_subscribed,
         "one channel per key on every node: {channels:?}"
+    );
+    assert!(
+        own.iter().all(|&n| n <= KEYS),
+        "at most one own channel per key on each node: {own:?}"
     );
     assert_eq!(
         clients,
@@ -552,7 +570,7 @@ async fn ten_thousand_waiters_on_a_thousand_keys_stay_bounded() {
     );
     assert_eq!(done.load(std::sync::atomic::Ordering::Relaxed), WAITERS);
     assert!(cluster.eventually(Duration::from_secs(5), |cl| {
-        (0..3).all(|i| release_channels(cl, i) == 0)
+        (0..3).all(|i| release_channels(cl, i) == 0 && own_channels(cl, i) == 0)
     }));
 }
 
