@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use futures::FutureExt;
 use futures::stream::{FuturesUnordered, StreamExt};
 use redlock_quorum::Redlock;
 
@@ -287,4 +288,141 @@ pub(crate) fn in_processes(
         }
     }
     grants
+}
+
+/// The hand-off floor: the shortest release-to-grant gap any
+/// notification-driven client could reach here, with nothing but redis-rs.
+/// A waiter holds one plain pub/sub connection per node, subscribed to one
+/// channel; the releaser's script deletes the key and publishes on it (the
+/// same work as ours), sent to every node at once; at the first message the
+/// waiter sends `SET NX PX` to every node and is granted at the quorum-th
+/// OK (again at each later message, if that attempt fell short). Timed from
+/// the release's start, as scenario 6 times ours. `rounds` hand-offs, one
+/// after another.
+pub(crate) async fn handoff_floor(urls: &[String], rounds: usize) -> Samples {
+    use redis::AsyncCommands;
+    let key = format!("bench:handoff-floor:{}", crate::subjects::token());
+    let channel = format!("{key}:released");
+    let mut streams = Vec::new();
+    for u in urls {
+        let mut pubsub = redis::Client::open(u.as_str())
+            .unwrap()
+            .get_async_pubsub()
+            .await
+            .unwrap();
+        pubsub.subscribe(&channel).await.unwrap();
+        streams.push(pubsub.into_on_message());
+    }
+    let mut messages = futures::stream::select_all(streams);
+    let release = redis::Script::new(
+        r#"if redis.call("get", KEYS[1]) == ARGV[1] then
+    redis.call("del", KEYS[1])
+    redis.call("publish", KEYS[2], "released")
+    return 1
+end
+return 0"#,
+    );
+    let mut conns = Vec::new();
+    for u in urls {
+        let client = redis::Client::open(u.as_str()).unwrap();
+        let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+        // load the script, so that the timed releases are EVALSHAs
+        let _: Option<String> = conn.get("bench:warm").await.unwrap();
+        let _: i64 = release
+            .key(&key)
+            .key(&channel)
+            .arg("none")
+            .invoke_async(&mut conn)
+            .await
+            .unwrap();
+        conns.push(conn);
+    }
+    let mut gaps = Samples::default();
+    for _ in 0..rounds {
+        let token = crate::subjects::token();
+        let now = std::time::Instant::now();
+        if acquire_all(&conns, &key, &token, now).await.is_none() {
+            break;
+        }
+        tokio::time::sleep(HOLD).await;
+        // what earlier releases left in the streams is no notification
+        while messages.next().now_or_never().flatten().is_some() {}
+        let started = std::time::Instant::now();
+        let releases: FuturesUnordered<_> = conns
+            .iter()
+            .map(|c| {
+                let mut c = c.clone();
+                let mut call = release.key(&key);
+                call.key(&channel).arg(&token);
+                async move {
+                    let _: Result<i64, _> = call.invoke_async(&mut c).await;
+                }
+            })
+            .collect();
+        let next = crate::subjects::token();
+        let waiter = async {
+            while let Some(_message) = messages.next().await {
+                let granted = acquire_all(&conns, &key, &next, started).await;
+                if granted.is_some() {
+                    return granted;
+                }
+            }
+            None
+        };
+        let (_, granted) = tokio::join!(releases.collect::<Vec<()>>(), waiter);
+        let Some(gap) = granted else {
+            break;
+        };
+        gaps.push(gap);
+        let releases: FuturesUnordered<_> = conns
+            .iter()
+            .map(|c| {
+                let mut c = c.clone();
+                let mut call = release.key(&key);
+                call.key(&channel).arg(&next);
+                async move {
+                    let _: Result<i64, _> = call.invoke_async(&mut c).await;
+                }
+            })
+            .collect();
+        releases.collect::<Vec<()>>().await;
+    }
+    gaps
+}
+
+/// `SET key token NX PX GET` on every connection at once: the time from
+/// `since` to the quorum-th node that holds `token` (set now, or by an
+/// earlier try), or `None` if fewer did. Waits for every reply, so that no
+/// request is still in flight when the caller releases.
+async fn acquire_all(
+    conns: &[redis::aio::MultiplexedConnection],
+    key: &str,
+    token: &str,
+    since: std::time::Instant,
+) -> Option<Duration> {
+    let quorum = conns.len() / 2 + 1;
+    let mut replies: FuturesUnordered<_> = conns
+        .iter()
+        .map(|c| {
+            let mut c = c.clone();
+            let mut cmd = redis::cmd("SET");
+            cmd.arg(key)
+                .arg(token)
+                .arg("NX")
+                .arg("PX")
+                .arg(TTL.as_millis() as u64)
+                .arg("GET");
+            async move { cmd.query_async::<Option<String>>(&mut c).await }
+        })
+        .collect();
+    let (mut held, mut at) = (0, None);
+    while let Some(reply) = replies.next().await {
+        if matches!(&reply, Ok(None)) || matches!(&reply, Ok(Some(old)) if old == token) {
+            held += 1;
+            if held == quorum {
+                at = Some(since.elapsed());
+            }
+        }
+    }
+    at
 }

@@ -136,7 +136,7 @@ async fn run(quick: bool, only: Option<Vec<String>>) {
     let mut report = Report::default();
     let healthy = Arc::new(Subjects::new(&env.urls).await);
     let t = Instant::now();
-    scenario_healthy(&env, &healthy, &mut report).await;
+    let floor = scenario_healthy(&env, &healthy, &mut report).await;
     let mut times = vec![("1", t.elapsed())];
     macro_rules! timed {
         ($name:expr, $body:expr) => {
@@ -151,7 +151,7 @@ async fn run(quick: bool, only: Option<Vec<String>>) {
     timed!("3", scenario_two_down(&mut env, &mut report).await);
     timed!("4", scenario_validity(&env, &healthy, &mut report).await);
     timed!("5", scenario_throughput(&env, &healthy, &mut report).await);
-    timed!("6", scenario_handoff(&env, &mut report).await);
+    timed!("6", scenario_handoff(&env, floor, &mut report).await);
     timed!("6b", scenario_waiting_cost(&env, &mut report).await);
     timed!("6c", scenario_handoff_processes(&env, &mut report).await);
     timed!("6d", scenario_starvation(&env, &mut report).await);

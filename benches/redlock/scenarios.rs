@@ -304,11 +304,17 @@ const HANDOFF_SUBJECTS: [(&str, Who); 3] = [
     ("rslock 0.10 (defaults: 0-200 ms)", Who::Rslock),
 ];
 
-pub(crate) async fn scenario_handoff(env: &Env, report: &mut Report) {
+pub(crate) async fn scenario_handoff(env: &Env, floor: f64, report: &mut Report) {
     let handoffs = env.rounds(400, 60);
     report.section(
-        &format!("6. contention hand-off: one holder's release -> another holder's grant, one resource, each task its own manager (up to {handoffs} grants, hold 2 ms, think 1 ms)"),
-        &["subject", "tasks", "hand-offs", "median ms", "p99 ms"],
+        &format!("6. contention hand-off: one holder's release -> another holder's grant, one resource, each task its own manager (up to {handoffs} grants, hold 2 ms, think 1 ms); floor = scenario 1's, hand-off floor = raw PUBLISH in the release script, raw SUBSCRIBE, raw SET NX to 5 nodes"),
+        &["subject", "tasks", "hand-offs", "median ms", "p99 ms", "median / floor", "median / hand-off floor"],
+    );
+    let raw = crate::contend::handoff_floor(&env.urls, handoffs).await;
+    let raw_p50 = raw.p50();
+    report.line(
+        &["hand-off floor (redis-rs only)".into(), "1 + 1".into(), raw.0.len().to_string(), f(raw_p50), f(raw.p99()), ratio(raw_p50, floor), ratio(raw_p50, raw_p50)],
+        json!({"scenario": 6, "subject": "hand-off floor", "handoff_p50_ms": raw_p50, "handoff_p99_ms": raw.p99(), "handoffs": raw.0.len()}),
     );
     let urls: Vec<&str> = env.urls.iter().map(String::as_str).collect();
     for tasks in [2usize, 8, 32] {
@@ -323,7 +329,7 @@ pub(crate) async fn scenario_handoff(env: &Env, report: &mut Report) {
                 contend_here(who, &urls, "bench:handoff", tasks, one, limit, handoffs).await;
             let gaps = crate::contend::gaps(&grants);
             report.line(
-                &[label.into(), tasks.to_string(), gaps.0.len().to_string(), f(gaps.p50()), f(gaps.p99())],
+                &[label.into(), tasks.to_string(), gaps.0.len().to_string(), f(gaps.p50()), f(gaps.p99()), ratio(gaps.p50(), floor), ratio(gaps.p50(), raw_p50)],
                 json!({"scenario": 6, "subject": label, "tasks": tasks, "handoff_p50_ms": gaps.p50(), "handoff_p99_ms": gaps.p99(), "handoffs": gaps.0.len()}),
             );
         }
