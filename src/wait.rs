@@ -660,7 +660,29 @@ async fn serve(
     // them (an ACL that allows the keys' channels only).
     let own_suffix = scripts::successor_channel(b"", &id);
     let mut named = true;
-    let subscribed = subscribe(shared, index, &mut sink, &mut actual, &mut named, wanted);
+    // Registrations, their removals and passed-on releases go out in order
+    // from a task of their own, so that this one keeps reading messages.
+    // Their order against the subscriptions does not matter for safety: a
+    // release that names this manager where it is not subscribed reaches
+    // nobody, and is then published for every manager.
+    let (side, mut queued) = mpsc::unbounded_channel::<Vec<redis::Cmd>>();
+    tokio::spawn({
+        let node = node.clone();
+        async move {
+            while let Some(cmds) = queued.recv().await {
+                queue_commands(&node, cmds).await;
+            }
+        }
+    });
+    let subscribed = subscribe(
+        shared,
+        index,
+        &mut sink,
+        &mut actual,
+        &mut named,
+        &side,
+        wanted,
+    );
     if let Err(ended) = subscribed.await {
         return ended;
     }
@@ -699,12 +721,12 @@ async fn serve(
                     // told instead, on the key's channel.
                     let mut cmd = redis::cmd("PUBLISH");
                     cmd.arg(&channel).arg(hash);
-                    queue_commands(&node, vec![cmd]).await;
+                    let _ = side.send(vec![cmd]);
                 }
             }
             _ = renew.tick(), if named => {
                 let cmds = actual.iter().map(|c| register_cmd(c, &id, lease)).collect();
-                queue_commands(&node, cmds).await;
+                let _ = side.send(cmds);
             }
             change = changes.recv() => {
                 let Some(first) = change else {
@@ -741,8 +763,10 @@ async fn serve(
                 };
                 drop(strong);
                 for chunk in remove.chunks(BATCH) {
-                    // Out of the waiting hashes first: a release must not
-                    // name this manager for a key it no longer waits for.
+                    // Out of the waiting hashes (sent first, not awaited): a
+                    // release that still names this manager once it is
+                    // unsubscribed reaches nobody there, drops the
+                    // registration and is published for every manager.
                     let cmds = chunk
                         .iter()
                         .map(|c| {
@@ -752,7 +776,7 @@ async fn serve(
                             cmd
                         })
                         .collect();
-                    queue_commands(&node, cmds).await;
+                    let _ = side.send(cmds);
                     let mut names = chunk.to_vec();
                     if named {
                         names.extend(chunk.iter().map(|c| scripts::successor_channel(c, &id)));
@@ -764,7 +788,7 @@ async fn serve(
                         actual.remove(c);
                     }
                 }
-                let subscribed = subscribe(shared, index, &mut sink, &mut actual, &mut named, add);
+                let subscribed = subscribe(shared, index, &mut sink, &mut actual, &mut named, &side, add);
                 if let Err(ended) = subscribed.await {
                     return ended;
                 }
@@ -818,6 +842,7 @@ async fn subscribe(
     sink: &mut redis::aio::PubSubSink,
     actual: &mut HashSet<Vec<u8>>,
     named: &mut bool,
+    side: &mpsc::UnboundedSender<Vec<redis::Cmd>>,
     channels: Vec<Vec<u8>>,
 ) -> Result<(), Ended> {
     let denied = |e: redis::RedisError| {
@@ -845,7 +870,7 @@ async fn subscribe(
         if !*named {
             continue;
         }
-        let (node, id, lease) = (strong.nodes[index].clone(), strong.id.clone(), strong.lease);
+        let (id, lease) = (strong.id.clone(), strong.lease);
         drop(strong);
         let own: Vec<Vec<u8>> = chunk
             .iter()
@@ -860,7 +885,7 @@ async fn subscribe(
             Err(ended) => return Err(ended),
         }
         let cmds = chunk.iter().map(|c| register_cmd(c, &id, lease)).collect();
-        queue_commands(&node, cmds).await;
+        let _ = side.send(cmds);
     }
     Ok(())
 }
