@@ -521,14 +521,16 @@ async fn ten_thousand_waiters_on_a_thousand_keys_stay_bounded() {
         let (waiter, name, done) = (waiter.clone(), names[w % KEYS].clone(), done.clone());
         tasks.push(tokio::spawn(async move {
             let lock = waiter
-                .lock_within(&name, Duration::from_secs(30), Duration::from_secs(55))
+                .lock_within(&name, Duration::from_secs(30), Duration::from_secs(120))
                 .await
                 .unwrap_or_else(|e| panic!("every waiter gets its turn: {e:?}"));
             unlock_patiently(&waiter, &lock).await;
             done.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }));
     }
-    let all_subscribed = cluster.eventually(Duration::from_secs(30), |cl| {
+    // Under two CPU burners beside other tests, the 10,000 first attempts
+    // alone have taken 30 s: this bounds the count, not the speed.
+    let all_subscribed = cluster.eventually(Duration::from_secs(50), |cl| {
         (0..3).all(|i| release_channels(cl, i) == KEYS)
     });
     let registered_in = started.elapsed();
