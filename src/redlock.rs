@@ -362,8 +362,12 @@ impl Redlock {
             // follows: a retry settles it too, without a burst of rounds from
             // every contender.
             let split_rounds = if last { timing::SPLIT_VOTE_ROUNDS } else { 0 };
+            // The holder's ttl is asked for once this caller waits: after
+            // the first refusal it subscribes and tries again before it
+            // sleeps, so the first attempt is a bare `SET` (an uncontended
+            // lock costs one command per node).
             let pttls = Pttls::default();
-            let learn = (!last).then_some(&pttls);
+            let learn = (!last && waiter.is_some()).then_some(&pttls);
             let span = trace::span!("attempt", n = retries);
             let outcome = match self
                 .attempt(resources, ttl, split_rounds, learn)
