@@ -6,9 +6,9 @@
 //! - **A release notifies.** The unlock scripts publish, in the same script
 //!   as the delete, on the key's release channel
 //!   ([`scripts::release_channel`]). No extra round trip.
-//! - **A refusal tells how long.** An attempt that may wait sends
-//!   `PTTL key` right behind its `SET … NX PX … GET` in one pipeline (one
-//!   round trip); [`Pttls`] keeps what the refusing nodes said, and
+//! - **A refusal tells how long.** An attempt of a waiter (every one after
+//!   the first refusal, which is a bare `SET`) sends `PTTL key` right
+//!   behind its `SET … NX PX … GET` in one pipeline (one round trip); [`Pttls`] keeps what the refusing nodes said, and
 //!   [`expiry`] turns it into the instant a quorum of them will be free.
 //! - **Subscribe, then try.** The first refusal registers the waiter
 //!   ([`Waits::register`]), which subscribes the key's channel on every node
