@@ -165,20 +165,26 @@ pub(crate) fn release_channel(lock_key: &str) -> Vec<u8> {
 /// not even receive it. Every node with the same registrations names the
 /// same manager; the pick is uniform over the registered managers and
 /// changes with each token. Registrations past their deadline on the
-/// node's clock are removed, and so is one whose channel has no subscriber
-/// (`PUBLISH` returned 0: a manager that died or lost its connection);
-/// the release is then published on the key's channel for everyone, as it
-/// is when that `PUBLISH` fails (an ACL that allows the key's channel
-/// only). Any
-/// failure of this part (a user whose ACL denies `HGETALL`, `TIME` or
-/// `HDEL`) also publishes on the key's channel, which wakes every manager.
+/// node's clock are removed.
+///
+/// A registration whose channel has no subscriber (`PUBLISH` returned 0)
+/// is removed too, and the next live one in that order is tried, at most
+/// 3 in all. That is a manager that died or lost its
+/// connection, or, most often, one that stopped waiting a moment ago: on a
+/// node that processes this release late, the successor that the other
+/// nodes named may already hold the lock and have left. When no try
+/// reaches anyone, or that `PUBLISH` fails (an ACL that allows the key's
+/// channel only), the release is published on the key's channel, for
+/// every manager; so it is when any other part fails (a user whose ACL
+/// denies `HGETALL`, `TIME` or `HDEL`).
 const RELEASED: &str = r#"local function released(key)
     local message = string.sub(redis.sha1hex(ARGV[1]), 1, 16)
-    local ok, successor = pcall(function()
-        local queue = key .. "\255waiters"
+    local channel = key .. "\255released"
+    local queue = key .. "\255waiters"
+    local ok, live = pcall(function()
         local ids = redis.call("hgetall", queue)
         if #ids == 0 then
-            return nil
+            return {}
         end
         local t = redis.call("time")
         local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -191,20 +197,21 @@ const RELEASED: &str = r#"local function released(key)
                 redis.call("hdel", queue, ids[i])
             end
         end
-        if #live == 0 then
-            return nil
-        end
         table.sort(live)
-        return live[tonumber(string.sub(message, 1, 8), 16) % #live + 1]
+        return live
     end)
-    local channel = key .. "\255released"
-    if ok and successor then
-        local sent = redis.pcall("publish", channel .. "\255" .. successor, message)
-        if type(sent) == "number" and sent > 0 then
-            return
-        end
-        if sent == 0 then
-            redis.pcall("hdel", key .. "\255waiters", successor)
+    if ok and #live > 0 then
+        local at = tonumber(string.sub(message, 1, 8), 16) % #live
+        for try = 1, math.min(#live, 3) do
+            local successor = live[(at + try - 1) % #live + 1]
+            local sent = redis.pcall("publish", channel .. "\255" .. successor, message)
+            if type(sent) ~= "number" then
+                break
+            end
+            if sent > 0 then
+                return
+            end
+            redis.pcall("hdel", queue, successor)
         end
     end
     redis.pcall("publish", channel, message)

@@ -36,9 +36,10 @@
 //!   before it unsubscribes. A release picks one registered manager, the
 //!   successor, and publishes on that manager's channel only: the other
 //!   managers receive nothing. A release whose successor has no subscriber
-//!   there (it died, or its connection broke) drops that registration and
-//!   publishes on the key's channel instead, for everyone; so does one
-//!   whose own-channel `PUBLISH` is denied. A manager named when no waiter
+//!   there (it died, its connection broke, or it already took the lock on
+//!   the nodes that were quicker and left) drops that registration and
+//!   tries the next (at most 3), then publishes on the key's channel, for
+//!   everyone; so does one whose own-channel `PUBLISH` is denied. A manager named when no waiter
 //!   of the key is left passes the release on: its link publishes it again
 //!   on the key's channel. A node that denies the own channels (an ACL
 //!   that allows the keys' channels only) gets no registration: its

@@ -697,13 +697,13 @@ fn waiting(cluster: &Cluster, i: usize, key: &str) -> usize {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_release_that_names_a_dead_manager_wakes_everyone_instead() {
+async fn a_release_that_names_dead_managers_still_wakes_the_waiter() {
     // 50 registrations of managers that do not exist (nobody subscribes
     // their channels), beside one real waiting manager: nearly every
-    // release names a dead one. Its PUBLISH then reaches nobody, and the
-    // release must go out on the key's channel instead, and drop the dead
-    // registration. Without that, the waiter would sleep until its 20 s
-    // timed retry or the 10 s expiry.
+    // release names a dead one. Its PUBLISH then reaches nobody; the
+    // release must drop it, try the next ones (at most 3) and then go out
+    // on the key's channel. Without that, the waiter would sleep until its
+    // 20 s timed retry or the 10 s expiry.
     const DEAD: usize = 50;
     let cluster = Cluster::start(3);
     let holder = cluster.redlock();
