@@ -39,11 +39,12 @@
 //!   there (it died, its connection broke, or it already took the lock on
 //!   the nodes that were quicker and left) drops that registration and
 //!   tries the next (at most 3), then publishes on the key's channel, for
-//!   everyone; so does one whose own-channel `PUBLISH` is denied. A manager named when no waiter
-//!   of the key is left passes the release on: its link publishes it again
-//!   on the key's channel. A node that denies the own channels (an ACL
-//!   that allows the keys' channels only) gets no registration: its
-//!   releases wake every manager, as without this.
+//!   everyone; so does one whose own-channel `PUBLISH` is denied. A
+//!   manager named when no waiter of the key is left passes the release
+//!   on: its link publishes it again on the key's channel. A node that
+//!   denies the own channels (an ACL that allows the keys' channels only)
+//!   gets no registration: its releases wake every manager, as without
+//!   this.
 //! - **Degrading.** A node whose subscription is denied (ACL), down, or
 //!   broken counts as unsubscribed. A waiter sleeps on notifications alone
 //!   only while a quorum of nodes confirmed its subscription: a release that
@@ -63,11 +64,11 @@
 //! registered (first refusal first), one per release. Across managers
 //! (processes), each release names one registered manager, picked
 //! uniformly by the token's hash. A first attempt (not yet waiting) can
-//! still take a free lock before the named waiter's round. FIFO across processes would need one queue that
-//! every client agrees on; with independent nodes that is a consensus
-//! problem (the nodes may order two enqueues differently, and a majority
-//! vote on a queue position is another Redlock round per position), so it
-//! is not offered.
+//! still take a free lock before the named waiter's round. FIFO across
+//! processes would need one queue that every client agrees on; with
+//! independent nodes that is a consensus problem (the nodes may order two
+//! enqueues differently, and a majority vote on a queue position is
+//! another Redlock round per position), so it is not offered.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
@@ -648,7 +649,6 @@ async fn serve(
     was_up: &mut bool,
 ) -> Ended {
     let (mut sink, mut stream) = pubsub.split();
-    let mut actual: HashSet<Vec<u8>> = HashSet::new();
     let (wanted, node, id, lease) = match shared.upgrade() {
         Some(s) => {
             let wanted: Vec<Vec<u8>> = s.lock().channels.keys().cloned().collect();
@@ -657,10 +657,8 @@ async fn serve(
         None => return Ended::Closed,
     };
     // This manager's channels for the keys it is named the successor of
-    // end in this; `named` turns false for the session if the node denies
-    // them (an ACL that allows the keys' channels only).
+    // end in this.
     let own_suffix = scripts::successor_channel(b"", &id);
-    let mut named = true;
     // Registrations, their removals and passed-on releases go out in order
     // from a task of their own, so that this one keeps reading messages.
     // Their order against the subscriptions does not matter for safety: a
@@ -675,15 +673,12 @@ async fn serve(
             }
         }
     });
-    let subscribed = subscribe(
-        shared,
-        index,
-        &mut sink,
-        &mut actual,
-        &mut named,
-        &side,
-        wanted,
-    );
+    let mut session = Session {
+        actual: HashSet::new(),
+        owned: HashSet::new(),
+        named: true,
+    };
+    let subscribed = subscribe(shared, index, &mut sink, &mut session, &side, wanted);
     if let Err(ended) = subscribed.await {
         return ended;
     }
@@ -725,8 +720,8 @@ async fn serve(
                     let _ = side.send(vec![cmd]);
                 }
             }
-            _ = renew.tick(), if named => {
-                let cmds = actual.iter().map(|c| register_cmd(c, &id, lease)).collect();
+            _ = renew.tick() => {
+                let cmds = session.owned.iter().map(|c| register_cmd(c, &id, lease)).collect();
                 let _ = side.send(cmds);
             }
             change = changes.recv() => {
@@ -746,7 +741,7 @@ async fn serve(
                     // out is still subscribed here: confirm it to the new
                     // waiters.
                     let mut confirmed = false;
-                    for c in batch.iter().filter(|c| actual.contains(*c)) {
+                    for c in batch.iter().filter(|c| session.actual.contains(*c)) {
                         if let Some(entry) = state.channels.get_mut(c) {
                             confirmed |= !entry.subscribed[index];
                             entry.subscribed[index] = true;
@@ -759,7 +754,7 @@ async fn serve(
                     let state = strong.lock();
                     batch
                         .into_iter()
-                        .filter(|c| state.channels.contains_key(c) != actual.contains(c))
+                        .filter(|c| state.channels.contains_key(c) != session.actual.contains(c))
                         .partition(|c| state.channels.contains_key(c))
                 };
                 drop(strong);
@@ -779,17 +774,19 @@ async fn serve(
                         .collect();
                     let _ = side.send(cmds);
                     let mut names = chunk.to_vec();
-                    if named {
-                        names.extend(chunk.iter().map(|c| scripts::successor_channel(c, &id)));
+                    for c in chunk {
+                        if session.owned.remove(c) {
+                            names.push(scripts::successor_channel(c, &id));
+                        }
                     }
                     if sink.unsubscribe(names).await.is_err() {
                         return Ended::Broken;
                     }
                     for c in chunk {
-                        actual.remove(c);
+                        session.actual.remove(c);
                     }
                 }
-                let subscribed = subscribe(shared, index, &mut sink, &mut actual, &mut named, &side, add);
+                let subscribed = subscribe(shared, index, &mut sink, &mut session, &side, add);
                 if let Err(ended) = subscribed.await {
                     return ended;
                 }
@@ -831,18 +828,31 @@ async fn queue_commands(node: &Node, cmds: Vec<redis::Cmd>) {
     .await;
 }
 
+/// What one subscription connection has subscribed.
+struct Session {
+    /// The keys' release channels.
+    actual: HashSet<Vec<u8>>,
+    /// The keys' release channels whose own channel (this manager's, for
+    /// that key) is subscribed too, and which are registered in the key's
+    /// waiting hash: the registrations the link renews.
+    owned: HashSet<Vec<u8>>,
+    /// Whether own channels are still asked for: false once the node denied
+    /// one (an ACL that allows the keys' channels only).
+    named: bool,
+}
+
 /// Subscribes `channels` (keys' release channels) in batches and marks
-/// them confirmed on node `index`; then, while `named`, subscribes this
-/// manager's own channels for those keys ([`scripts::successor_channel`])
-/// and registers it in the keys' waiting hashes (after the subscription: a
-/// release that names it must reach it). A node that denies the own
-/// channels turns `named` false: its releases then wake every manager.
+/// them confirmed on node `index`; then, while `session.named`, subscribes
+/// this manager's own channels for those keys
+/// ([`scripts::successor_channel`]) and registers it in the keys' waiting
+/// hashes (after the subscription: a release that names it must reach it).
+/// A node that denies the own channels turns `named` false: its releases
+/// then wake every manager.
 async fn subscribe(
     shared: &Weak<Shared>,
     index: usize,
     sink: &mut redis::aio::PubSubSink,
-    actual: &mut HashSet<Vec<u8>>,
-    named: &mut bool,
+    session: &mut Session,
     side: &mpsc::UnboundedSender<Vec<redis::Cmd>>,
     channels: Vec<Vec<u8>>,
 ) -> Result<(), Ended> {
@@ -855,7 +865,7 @@ async fn subscribe(
     };
     for chunk in channels.chunks(BATCH) {
         sink.subscribe(chunk).await.map_err(denied)?;
-        actual.extend(chunk.iter().cloned());
+        session.actual.extend(chunk.iter().cloned());
         let Some(strong) = shared.upgrade() else {
             return Err(Ended::Closed);
         };
@@ -868,7 +878,7 @@ async fn subscribe(
             }
         }
         strong.changed.notify_waiters();
-        if !*named {
+        if !session.named {
             continue;
         }
         let (id, lease) = (strong.id.clone(), strong.lease);
@@ -880,11 +890,12 @@ async fn subscribe(
         match sink.subscribe(own).await.map_err(denied) {
             Ok(()) => {}
             Err(Ended::Denied) => {
-                *named = false;
+                session.named = false;
                 continue;
             }
             Err(ended) => return Err(ended),
         }
+        session.owned.extend(chunk.iter().cloned());
         let cmds = chunk.iter().map(|c| register_cmd(c, &id, lease)).collect();
         let _ = side.send(cmds);
     }

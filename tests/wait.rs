@@ -761,3 +761,93 @@ async fn a_release_that_names_dead_managers_still_wakes_the_waiter() {
     });
     assert!(left, "dead registrations were dropped");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acl_that_allows_only_the_keys_channels_still_wakes_waiters() {
+    // The channel pattern allows each key's release channel but not the
+    // managers' own channels for it: the links' own subscriptions are
+    // denied, so no manager registers, and releases go to every manager on
+    // the key's channel.
+    let cluster = Cluster::start(3);
+    let rule = [
+        "on",
+        ">pw",
+        "resetkeys",
+        "~app:*",
+        "resetchannels",
+        "&app:*released",
+        "-@all",
+        "+set",
+        "+get",
+        "+del",
+        "+pexpire",
+        "+pttl",
+        "+time",
+        "+eval",
+        "+evalsha",
+        "+script|load",
+        "+publish",
+        "+subscribe",
+        "+unsubscribe",
+        "+hset",
+        "+hgetall",
+        "+hdel",
+    ];
+    for i in 0..3 {
+        let _: () = redis::cmd("ACL")
+            .arg("SETUSER")
+            .arg("locker")
+            .arg(&rule[..])
+            .query(&mut cluster.conn(i))
+            .unwrap();
+    }
+    let urls: Vec<String> = cluster
+        .urls()
+        .iter()
+        .map(|u| u.replacen("redis://", "redis://locker:pw@", 1))
+        .collect();
+    // a timed retry far beyond the test: only notifications hand over
+    let build = || {
+        Redlock::builder(urls.iter().map(String::as_str))
+            .key_prefix("app:")
+            .retry_delay(Duration::from_secs(20))
+            .retry_jitter(Duration::ZERO)
+            .build()
+            .unwrap()
+    };
+    let holder = build();
+    let res = resource("acl-own");
+    let mut lock = holder.lock(&res, TTL).await.unwrap();
+    let (granted, mut grants) = tokio::sync::mpsc::unbounded_channel();
+    for n in 0..2 {
+        let (waiter, res, granted) = (build(), res.clone(), granted.clone());
+        tokio::spawn(async move {
+            let lock = waiter.lock_within(&res, TTL, Duration::from_secs(15)).await;
+            let _ = granted.send((n, waiter, lock));
+        });
+    }
+    let key = format!("app:{res}");
+    assert!(subscribed_everywhere(&cluster, &key, 2));
+    let mut owner = holder;
+    for round in 0..2 {
+        for i in 0..3 {
+            assert_eq!(own_channels(&cluster, i), 0, "own channels denied");
+            assert_eq!(waiting(&cluster, i, &key), 0, "nobody registered");
+        }
+        let released = Instant::now();
+        owner.unlock(&lock).await.unwrap();
+        let (n, next, next_lock) = tokio::time::timeout(Duration::from_secs(5), grants.recv())
+            .await
+            .expect("a waiter got the lock within 5 s of the release")
+            .unwrap();
+        let gap = released.elapsed();
+        println!("round {round}: manager {n} after {gap:?}");
+        assert!(
+            gap < Duration::from_secs(2),
+            "round {round}: notified: {gap:?}"
+        );
+        lock = next_lock.unwrap();
+        owner = next;
+    }
+    owner.unlock(&lock).await.unwrap();
+}
