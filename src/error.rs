@@ -303,8 +303,9 @@ pub enum NodeError {
     /// The node answered with a value that no lock command returns.
     UnexpectedReply(String),
     /// The TLS handshake failed: the node's certificate is not trusted (a
-    /// wrong CA, an expired or mismatched certificate), or it wants a client
-    /// certificate that was not given. Retrying cannot fix it.
+    /// wrong CA, an expired or mismatched certificate), it wants a client
+    /// certificate that was not given, or it sent a TLS alert (it does not
+    /// trust our client certificate, say). Retrying cannot fix it.
     Tls(redis::RedisError),
     /// The node agreed, but its data is younger than the restart guard's
     /// `max_ttl` (see
@@ -335,12 +336,17 @@ pub enum NodeError {
     },
 }
 
-/// Whether a connection failed in the TLS handshake over a certificate (the
-/// node's, or a client certificate it asked for): rustls's errors reach us as
-/// I/O errors, named in their text.
+/// Whether a connection failed in the TLS handshake: over a certificate (the
+/// node's, or a client certificate it asked for), or by a TLS alert the node
+/// sent (`received fatal alert: UnknownCA` when it does not trust our client
+/// certificate, say). rustls's errors reach us as I/O errors, named in their
+/// text; a plain connection's errors never contain these words.
 fn is_tls_failure(err: &redis::RedisError) -> bool {
     let text = err.to_string();
-    text.contains("certificate") || text.contains("CertificateRequired")
+    text.contains("certificate")
+        || text.contains("CertificateRequired")
+        || text.contains("fatal alert")
+        || text.contains("peer sent no certificates")
 }
 
 /// The error codes a server sends when it cannot serve a request for now.

@@ -42,7 +42,9 @@ impl NodeHealth {
 pub struct Health {
     /// One entry per node, in the order given.
     pub nodes: Vec<NodeHealth>,
-    /// Whether enough nodes answered to make a quorum: the readiness answer.
+    /// Whether enough nodes answered as masters to make a quorum: the
+    /// readiness answer. A replica in the node list answers but takes no
+    /// writes, so it does not count.
     pub quorum_reachable: bool,
     /// What weakens the guarantees: a replica in the node list, a node
     /// without persistence, an even number of nodes.
@@ -113,7 +115,12 @@ impl Redlock {
         }))
         .await;
 
-        let reachable = nodes.iter().filter(|n| n.is_reachable()).count();
+        // A replica answers but takes no writes: it cannot hold a lock, so
+        // it does not count towards the quorum a readiness probe reports.
+        let writable = nodes
+            .iter()
+            .filter(|n| n.is_reachable() && n.role.as_deref() != Some("slave"))
+            .count();
         let mut warnings = Vec::new();
         for n in &nodes {
             if n.role.as_deref() == Some("slave") {
@@ -137,7 +144,7 @@ impl Redlock {
             ));
         }
         Health {
-            quorum_reachable: reachable >= quorum(nodes.len()),
+            quorum_reachable: writable >= quorum(nodes.len()),
             nodes,
             warnings,
         }

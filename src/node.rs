@@ -322,8 +322,30 @@ impl Node {
         };
         match tokio::time::timeout(self.connect_timeout, work).await {
             Err(_) => Err(NodeError::Timeout),
-            Ok(Err(e)) => Err(NodeError::from_redis(e)),
+            Ok(Err(e)) => Err(NodeError::from_redis(self.hint_tls(e))),
             Ok(Ok(made)) => Ok(made),
+        }
+    }
+
+    /// A plain (`redis://`) connection that the node closed or reset before
+    /// its first reply is what a TLS-only port does to a client that speaks
+    /// plain RESP: the error says so, and that the URL may want `rediss://`.
+    /// Still [`NodeError::Unreachable`] (a node restarting mid-handshake
+    /// looks the same), only with the hint in its text.
+    fn hint_tls(&self, err: RedisError) -> RedisError {
+        let plain = matches!(
+            self.client.get_connection_info().addr(),
+            redis::ConnectionAddr::Tcp(..)
+        );
+        if plain && err.is_connection_dropped() && !err.is_connection_refusal() {
+            RedisError::from((
+                redis::ErrorKind::Io,
+                "the node closed the connection before its first reply; \
+                 if it serves TLS only, its URL wants rediss:// instead of redis://",
+                err.to_string(),
+            ))
+        } else {
+            err
         }
     }
 
@@ -335,7 +357,7 @@ impl Node {
     pub(crate) async fn pubsub(&self) -> Result<redis::aio::PubSub, NodeError> {
         match tokio::time::timeout(self.connect_timeout, self.client.get_async_pubsub()).await {
             Err(_) => Err(NodeError::Timeout),
-            Ok(Err(e)) => Err(NodeError::from_redis(e)),
+            Ok(Err(e)) => Err(NodeError::from_redis(self.hint_tls(e))),
             Ok(Ok(pubsub)) => Ok(pubsub),
         }
     }

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use redlock_harness::server::free_port;
 use redlock_harness::{RedisServer, resource};
-use redlock_quorum::{Error, Redlock, TlsConfig};
+use redlock_quorum::{Error, NodeError, Redlock, TlsConfig};
 
 const TTL: Duration = Duration::from_secs(10);
 
@@ -256,4 +256,63 @@ async fn mutual_tls_needs_the_client_identity() {
     let lock = identified.try_lock(&res, TTL).await.unwrap();
     assert!(nodes.iter().all(|(s, _)| exists(s, &res)) || identified.verify(&lock).await.unwrap());
     assert_eq!(identified.unlock(&lock).await.unwrap(), 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_certificate_the_node_does_not_trust_is_a_tls_error_not_retried() {
+    let pki = Pki::new("alert");
+    let other = Pki::new("alert-other");
+    let nodes: Vec<_> = (0..3).map(|_| pki.node(true)).collect();
+    let urls: Vec<String> = nodes.iter().map(|(_, p)| rediss(*p)).collect();
+    // We trust the nodes' CA, but our identity comes from another CA: each
+    // node answers the handshake with a fatal alert (UnknownCA).
+    let stranger = Redlock::builder(urls.iter().map(String::as_str))
+        .tls(
+            pki.ca()
+                .client_identity_pem(other.read("client.crt"), other.read("client.key")),
+        )
+        // Were the alert taken for an unreachable node, these retries would
+        // run and the error would be `NoQuorum` of unreachable nodes.
+        .retry_count(50)
+        .retry_delay(Duration::from_millis(100))
+        .connect_timeout(Duration::from_secs(2))
+        .build()
+        .unwrap();
+    let res = resource("tls-alert");
+    let err = stranger
+        .lock(&res, TTL)
+        .await
+        .expect_err("untrusted client");
+    let Error::Redis { failures, .. } = &err else {
+        panic!("a permanent TLS failure on every node, got: {err}")
+    };
+    assert_eq!(failures.len(), 3, "{err}");
+    for failure in failures {
+        assert!(matches!(failure.cause, NodeError::Tls(_)), "{err}");
+        assert!(!failure.cause.is_transient(), "{err}");
+    }
+    assert!(err.to_string().contains("TLS"), "{err}");
+    assert!(nodes.iter().all(|(s, _)| !exists(s, &res)));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plain_url_to_a_tls_port_hints_at_rediss() {
+    let pki = Pki::new("plain-to-tls");
+    let nodes: Vec<_> = (0..3).map(|_| pki.node(false)).collect();
+    let urls: Vec<String> = nodes
+        .iter()
+        .map(|(_, p)| format!("redis://127.0.0.1:{p}/"))
+        .collect();
+    let redlock = Redlock::builder(urls.iter().map(String::as_str))
+        .retry_count(0)
+        .connect_timeout(Duration::from_secs(2))
+        .build()
+        .unwrap();
+    let res = resource("plain-to-tls");
+    let err = redlock
+        .try_lock(&res, TTL)
+        .await
+        .expect_err("TLS-only port");
+    assert!(err.to_string().contains("rediss://"), "{err}");
+    assert!(nodes.iter().all(|(s, _)| !exists(s, &res)));
 }
