@@ -176,3 +176,27 @@ pub use crate::tls::TlsConfig;
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]
 struct ReadmeDoctests;
+
+/// The examples of `docs/multi-resource.md` (several resources at once),
+/// compiled as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/multi-resource.md")]
+struct MultiResourceDocDoctests;
+
+/// The examples of `docs/operations.md` (TLS), compiled as doctests when
+/// the `tls` feature is on.
+#[cfg(all(doctest, feature = "tls"))]
+#[doc = include_str!("../docs/operations.md")]
+struct OperationsDocDoctests;
+
+/// The examples of `docs/restart-guard.md` (the restart guard), compiled
+/// as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/restart-guard.md")]
+struct RestartGuardDocDoctests;
+
+/// The examples of `docs/watchdog.md` (long work under a renewing guard),
+/// compiled as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/watchdog.md")]
+struct WatchdogDocDoctests;
