@@ -746,3 +746,162 @@ fn no_quorum_is_the_config_code_and_the_output_levels_hold() {
     assert_eq!(stderr.lines().count(), 1, "{stderr}");
     assert!(!marker.exists(), "the command ran without the lock");
 }
+
+/// The write end of a pipe whose read end is already closed: every write to
+/// it fails with EPIPE, as when `redlock ... 2>&1 | head -1` has had its line.
+fn broken_pipe() -> std::fs::File {
+    use std::os::fd::FromRawFd;
+    let mut fds = [0; 2];
+    // SAFETY: pipe fills the two descriptors, which we then own.
+    assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0, "pipe");
+    // SAFETY: both descriptors were just created and are owned here only.
+    unsafe {
+        libc::close(fds[0]);
+        std::fs::File::from_raw_fd(fds[1])
+    }
+}
+
+/// Waits until every process in `pids` is gone (or a zombie), up to
+/// `within`; returns those still running.
+fn survivors(pids: &[&str], within: Duration) -> Vec<String> {
+    let deadline = Instant::now() + within;
+    loop {
+        let alive: Vec<String> = pids
+            .iter()
+            .filter(|pid| !process_gone(pid))
+            .map(|pid| (*pid).to_owned())
+            .collect();
+        if alive.is_empty() || Instant::now() > deadline {
+            return alive;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Kills what a failed test left running, so that it does not outlive it.
+fn kill_pids(pids: &[&str]) {
+    for pid in pids {
+        if let Ok(pid) = pid.parse::<libc::pid_t>() {
+            // SAFETY: kill only sends a signal.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+    }
+}
+
+#[test]
+fn a_broken_stdout_or_stderr_never_makes_redlock_panic() {
+    let cluster = Cluster::start(5);
+    let dir = scratch("epipe");
+
+    // A run that gets the lock, with --verbose lines to write: the
+    // command's own code, and the lock released.
+    let name = resource("epipe");
+    let out = run(&cluster, &dir, &["--verbose", &name], "true")
+        .stderr(broken_pipe())
+        .output()
+        .expect("run redlock");
+    assert_eq!(code(out.status), 0, "a run with a broken stderr");
+    assert_released(&cluster, &name);
+
+    // The command's own failing code passes through too.
+    let out = run(&cluster, &dir, &["--verbose", &name], "exit 3")
+        .stderr(broken_pipe())
+        .stdout(broken_pipe())
+        .output()
+        .expect("run redlock");
+    assert_eq!(code(out.status), 3, "a failing command, broken stdout and stderr");
+    assert_released(&cluster, &name);
+
+    // Held elsewhere: the notice cannot be written, the code is still 75.
+    let held = resource("epipe-held");
+    cluster.plant(&[0, 1, 2, 3, 4], &held, "other", Duration::from_secs(30));
+    let out = run(&cluster, &dir, &[&held], "touch \"$DIR/ran\"")
+        .stderr(broken_pipe())
+        .output()
+        .expect("run redlock");
+    assert_eq!(code(out.status), HELD, "held, with a broken stderr");
+    assert!(!dir.join("ran").exists());
+
+    // `status` writes its report to stdout.
+    let out = redlock(&cluster, &dir, &["status", "--node-timeout", "5s", &name])
+        .stdout(broken_pipe())
+        .output()
+        .expect("run redlock");
+    assert_eq!(code(out.status), 1, "status of a free lock, broken stdout");
+}
+
+#[test]
+fn a_lost_lock_ends_the_job_first_even_with_a_broken_stderr() {
+    let mut cluster = Cluster::start(5);
+    let dir = scratch("lost-epipe");
+    let name = resource("lost-epipe");
+    let script = r#"
+        sh -c 'echo $$ > "$DIR/gpid"; while :; do sleep 0.1; done' &
+        echo $$ > "$DIR/cpid"
+        while :; do sleep 0.1; done"#;
+    let mut redlock = run(
+        &cluster,
+        &dir,
+        &[
+            "--ttl",
+            "3s",
+            "--node-timeout",
+            "1s",
+            "--kill-after",
+            "1s",
+            &name,
+        ],
+        script,
+    )
+    .stderr(broken_pipe())
+    .spawn()
+    .expect("spawn");
+    let gpid = wait_for_line(&dir.join("gpid"), Duration::from_secs(30));
+    let cpid = wait_for_line(&dir.join("cpid"), Duration::from_secs(30));
+    for i in 0..3 {
+        cluster.node(i).pause();
+    }
+    let status = wait_within(&mut redlock, Duration::from_secs(60));
+    for i in 0..3 {
+        cluster.node(i).resume();
+    }
+    let left = survivors(&[&cpid, &gpid], Duration::from_secs(5));
+    kill_pids(&[&cpid, &gpid]);
+    assert_eq!(status.code(), Some(LOST), "{status}; still running: {left:?}");
+    assert!(left.is_empty(), "{left:?} outlived the lost lock");
+}
+
+#[test]
+fn a_killed_supervisor_takes_the_whole_job_with_it_while_the_lock_still_holds() {
+    let cluster = Cluster::start(5);
+    let dir = scratch("sigkill");
+    let name = resource("sigkill");
+    // The command, a child of it in the background, and an orphan whose
+    // parent (a subshell) exited at once: all three in the command's
+    // process group, the orphan re-parented.
+    let script = r#"
+        sh -c 'echo $$ > "$DIR/gpid"; while :; do sleep 0.1; done' &
+        ( sh -c 'echo $$ > "$DIR/opid"; while :; do sleep 0.1; done' & )
+        echo $$ > "$DIR/cpid"
+        while :; do sleep 0.1; done"#;
+    let mut redlock = run(&cluster, &dir, &["--ttl", "30s", &name], script)
+        .spawn()
+        .expect("spawn");
+    let cpid = wait_for_line(&dir.join("cpid"), Duration::from_secs(30));
+    let gpid = wait_for_line(&dir.join("gpid"), Duration::from_secs(30));
+    let opid = wait_for_line(&dir.join("opid"), Duration::from_secs(30));
+    signal(&redlock, libc::SIGKILL);
+    let status = redlock.wait().expect("wait");
+    assert_eq!(status.to_string(), "signal: 9 (SIGKILL)");
+
+    // Every process of the job ends, well within the ttl the keys still
+    // have: no process of the job outlives the lock.
+    let left = survivors(&[&cpid, &gpid, &opid], Duration::from_secs(20));
+    kill_pids(&[&cpid, &gpid, &opid]);
+    assert!(left.is_empty(), "{left:?} outlived the killed redlock");
+    let holding = cluster.values(&name).iter().flatten().count();
+    assert!(
+        holding >= 3,
+        "the keys expired before the test could look ({holding} of 5 left)"
+    );
+}
