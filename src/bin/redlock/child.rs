@@ -462,6 +462,8 @@ mod keeper {
                 libc::signal(sig, libc::SIG_IGN);
             }
             libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
+            // Named for `ps` and `top` (15 bytes at most, and the NUL).
+            libc::prctl(libc::PR_SET_NAME, c"redlock-keeper".as_ptr(), 0, 0, 0);
             libc::prctl(libc::PR_SET_PDEATHSIG, DEATH, 0, 0, 0);
             if libc::getppid() != supervisor {
                 // redlock died before the death signal was asked for.
