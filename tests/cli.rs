@@ -959,3 +959,76 @@ fn a_killed_supervisor_takes_the_whole_job_with_it_while_the_lock_still_holds() 
         "the keys expired before the test could look ({holding} of 5 left)"
     );
 }
+
+/// A command that starts a background child and an orphan (its parent, a
+/// subshell, exits at once), both ignoring SIGTERM, writes their pids and
+/// its own, and exits with `code`.
+fn leaving_script(code: i32) -> String {
+    format!(
+        r#"
+        trap '' TERM
+        sh -c 'echo $$ > "$DIR/gpid"; while :; do sleep 0.1; done' &
+        ( sh -c 'echo $$ > "$DIR/opid"; while :; do sleep 0.1; done' & )
+        while [ ! -s "$DIR/gpid" ] || [ ! -s "$DIR/opid" ]; do sleep 0.02; done
+        echo $$ > "$DIR/cpid"
+        exit {code}"#
+    )
+}
+
+#[test]
+fn what_the_command_leaves_in_its_group_ends_before_the_lock_is_released() {
+    let cluster = Cluster::start(5);
+    let dir = scratch("left");
+    let name = resource("left");
+    let mut redlock = run(
+        &cluster,
+        &dir,
+        &["--kill-after", "1s", &name],
+        &leaving_script(5),
+    )
+    .spawn()
+    .expect("spawn");
+    let status = wait_within(&mut redlock, Duration::from_secs(60));
+    let gpid = wait_for_line(&dir.join("gpid"), Duration::from_secs(1));
+    let opid = wait_for_line(&dir.join("opid"), Duration::from_secs(1));
+    let left = survivors(&[&gpid, &opid], Duration::ZERO);
+    kill_pids(&[&gpid, &opid]);
+    assert_eq!(code(status), 5, "the command's own code");
+    assert!(left.is_empty(), "{left:?} outlived the run");
+    assert_released(&cluster, &name);
+}
+
+#[test]
+fn a_supervisor_killed_after_the_command_exited_takes_what_it_left_behind() {
+    let cluster = Cluster::start(5);
+    let dir = scratch("left-kill");
+    let name = resource("left-kill");
+    // A long --kill-after: redlock is still waiting to SIGKILL the
+    // leftovers (which ignore its SIGTERM) when it is killed itself.
+    let mut redlock = run(
+        &cluster,
+        &dir,
+        &["--ttl", "30s", "--kill-after", "5m", &name],
+        &leaving_script(0),
+    )
+    .spawn()
+    .expect("spawn");
+    let cpid = wait_for_line(&dir.join("cpid"), Duration::from_secs(30));
+    let gpid = wait_for_line(&dir.join("gpid"), Duration::from_secs(30));
+    let opid = wait_for_line(&dir.join("opid"), Duration::from_secs(30));
+    assert!(
+        survivors(&[&cpid], Duration::from_secs(30)).is_empty(),
+        "the command did not exit"
+    );
+    assert!(
+        redlock.try_wait().expect("try_wait").is_none(),
+        "redlock ended"
+    );
+    signal(&redlock, libc::SIGKILL);
+    let _ = redlock.wait();
+    let left = survivors(&[&gpid, &opid], Duration::from_secs(20));
+    kill_pids(&[&gpid, &opid]);
+    assert!(left.is_empty(), "{left:?} outlived the killed redlock");
+    let holding = cluster.values(&name).iter().flatten().count();
+    assert!(holding >= 3, "the keys expired before the test could look");
+}
