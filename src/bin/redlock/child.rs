@@ -84,9 +84,13 @@ pub(crate) fn exit_code(status: ExitStatus) -> u8 {
 /// Sends `signal` to every process in the group `pgid`. Returns false when
 /// the group has no process left.
 pub(crate) fn signal_group(pgid: u32, signal: i32) -> bool {
+    // Group 0 would be redlock's own.
     let Ok(pgid) = libc::pid_t::try_from(pgid) else {
         return false;
     };
+    if pgid <= 0 {
+        return false;
+    }
     // SAFETY: killpg only sends a signal; the group is the one we created
     // (its id stays reserved while any member, zombie or not, exists).
     unsafe { libc::killpg(pgid, signal) == 0 }
@@ -400,7 +404,9 @@ mod keeper {
         // A thread of its own for one blocking read: tokio's pipe needs its
         // `net` feature, and a blocking-pool task would hold up the
         // runtime's shutdown while the keeper lives.
-        std::thread::Builder::new()
+        // Without the thread the command still runs: the keeper's own exit
+        // status, when the group is empty, is the command's.
+        let reader = std::thread::Builder::new()
             .name("redlock-keeper-report".into())
             .spawn(move || {
                 let mut raw = [0u8; 8];
@@ -411,8 +417,8 @@ mod keeper {
                         left_behind: left != [0; 4],
                     });
                 }
-            })?;
-        Ok(Group::new(leader, Some(rx)))
+            });
+        Ok(Group::new(leader, reader.ok().map(|_| rx)))
     }
 
     /// A close-on-exec pipe, both ends numbered 3 or more (so that neither
