@@ -168,6 +168,7 @@ pub(crate) struct Group {
 
 /// What the keeper tells redlock when the command exits.
 #[derive(Debug, Clone, Copy)]
+#[cfg_attr(not(target_os = "linux"), allow(dead_code))]
 pub(crate) struct Report {
     /// The command's raw wait status.
     status: i32,
