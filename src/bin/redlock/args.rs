@@ -92,8 +92,14 @@ runs without the lock; then the lock is released, or kept until --hold-for
 has passed since it was acquired. A job that must outlive redlock has to
 leave the process group (setsid) and the lock's protection with it.
 
-If redlock itself is killed with SIGKILL, nothing renews the lock: it
-expires one --ttl after the last renewal, and the command keeps running.
+If redlock itself dies (SIGKILL, a crash), nothing renews the lock: it
+expires one --ttl after the last renewal. On Linux the command's whole
+process group gets SIGKILL at once, from a small keeper process that leads
+the group (named redlock-keeper in ps), so that nothing of the job runs on
+without the lock. Not covered: processes that left the group (setsid, a
+daemon that detaches), redlock stopped rather than killed (SIGSTOP: the
+lock expires while the command runs), and platforms other than Linux,
+where the command keeps running.
 
 Output: nothing of redlock's own on a normal run. By default one line on
 stderr when the lock is not acquired, is lost, or an error occurs;

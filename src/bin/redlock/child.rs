@@ -1,5 +1,33 @@
 //! The command under the lock: started in its own process group, signalled
 //! as a group, and the signals redlock itself receives.
+//!
+//! # The keeper (Linux)
+//! No process of the command may outlive the lock, not even when redlock
+//! itself is killed with SIGKILL and cannot end the command. So on Linux the
+//! command is not redlock's child: redlock's child is a *keeper*, a forked
+//! copy of redlock that never execs, leads the command's process group and
+//! is the command's parent. The keeper
+//! - asks the kernel for a signal when redlock dies (`PR_SET_PDEATHSIG`),
+//!   and looks at its parent every [`keeper::LOOK`] all the same; when
+//!   redlock is gone it sends SIGKILL to the whole group, itself included;
+//! - is a subreaper, so that the group's orphans become its children, and
+//!   it stays until none of its children is left in the group, so that the
+//!   group is covered for as long as it has a process;
+//! - reports the command's exit status to redlock through a pipe as soon as
+//!   the command exits (redlock then ends whatever the command left in the
+//!   group, as before), and exits with that status itself;
+//! - ignores the signals redlock forwards to the group (they are for the
+//!   command) and writes nothing.
+//!
+//! The command itself gets `PR_SET_PDEATHSIG(SIGKILL)` for the keeper, so
+//! that it cannot outlive a keeper killed on its own either.
+//!
+//! What this cannot cover: a process that leaves the group (`setsid`,
+//! `setpgid`, a daemon that detaches) is not reached by the group's
+//! SIGKILL; a set-user-ID command loses the death signal at exec (the
+//! keeper still kills its group); and redlock stopped (SIGSTOP) rather than
+//! killed is not dead: the keys expire while the command runs on. Other
+//! platforms start the command directly, without a keeper.
 
 use std::ffi::OsString;
 use std::io;
@@ -9,6 +37,7 @@ use std::time::Duration;
 
 use tokio::process::{Child, Command};
 use tokio::signal::unix::{Signal, SignalKind, signal};
+use tokio::sync::oneshot;
 
 use crate::exit;
 
@@ -55,9 +84,13 @@ pub(crate) fn exit_code(status: ExitStatus) -> u8 {
 /// Sends `signal` to every process in the group `pgid`. Returns false when
 /// the group has no process left.
 pub(crate) fn signal_group(pgid: u32, signal: i32) -> bool {
+    // Group 0 would be redlock's own.
     let Ok(pgid) = libc::pid_t::try_from(pgid) else {
         return false;
     };
+    if pgid <= 0 {
+        return false;
+    }
     // SAFETY: killpg only sends a signal; the group is the one we created
     // (its id stays reserved while any member, zombie or not, exists).
     unsafe { libc::killpg(pgid, signal) == 0 }
@@ -82,7 +115,8 @@ pub(crate) fn become_subreaper() {
 }
 
 /// Reaps the exited processes of group `pgid` that were re-parented to
-/// redlock. Called only after the group's leader was reaped by tokio, so it
+/// redlock (after the keeper, their subreaper, was killed; or without a
+/// keeper). Called only after the group's leader was reaped by tokio, so it
 /// cannot take the leader's status.
 fn reap_group(pgid: u32) {
     let Ok(pgid) = libc::pid_t::try_from(pgid) else {
@@ -98,22 +132,124 @@ fn reap_group(pgid: u32) {
     }
 }
 
-/// A child running in its own process group.
+/// Starts `cmd` (from [`command`]) in its own process group: on Linux under
+/// a keeper (see the module docs), elsewhere directly.
+pub(crate) fn spawn(cmd: Command) -> io::Result<Group> {
+    #[cfg(target_os = "linux")]
+    {
+        keeper::spawn(cmd)
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let mut cmd = cmd;
+        let child = cmd.spawn()?;
+        Ok(Group::new(child, None))
+    }
+}
+
+/// The command running in its own process group, led by redlock's child:
+/// the keeper on Linux, the command itself elsewhere.
 #[derive(Debug)]
 pub(crate) struct Group {
-    pub(crate) child: Child,
+    /// The group's leader: the keeper, or the command.
+    leader: Child,
     pub(crate) pgid: u32,
-    /// The leader's exit status, once it was reaped.
+    /// The command's exit status, once known.
     pub(crate) status: Option<ExitStatus>,
+    /// The leader's exit status, once it was reaped.
+    leader_status: Option<ExitStatus>,
+    /// The keeper's report; `None` without a keeper, or once the keeper
+    /// ended without one.
+    report: Option<oneshot::Receiver<Report>>,
+    /// Whether the keeper reported processes left in the group when the
+    /// command exited.
+    left_behind: bool,
+}
+
+/// What the keeper tells redlock when the command exits.
+#[derive(Debug, Clone, Copy)]
+#[cfg_attr(not(target_os = "linux"), allow(dead_code))]
+pub(crate) struct Report {
+    /// The command's raw wait status.
+    status: i32,
+    /// Whether the keeper still had children in the group.
+    left_behind: bool,
 }
 
 impl Group {
-    /// Waits until the leader exits (if it has not yet) and every other
+    fn new(leader: Child, report: Option<oneshot::Receiver<Report>>) -> Self {
+        Group {
+            pgid: leader.id().unwrap_or(0),
+            leader,
+            status: None,
+            leader_status: None,
+            report,
+            left_behind: false,
+        }
+    }
+
+    /// After the command exited: whether it left processes in its group.
+    /// The keeper said so in its report (and leaves at once when there were
+    /// none); without one, whatever is in the group now.
+    pub(crate) fn left_behind(&mut self) -> bool {
+        if self.leader_gone() {
+            group_alive(self.pgid)
+        } else {
+            self.left_behind
+        }
+    }
+
+    /// Waits for the command's exit status.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe: a status received (the leader reaped, the keeper's
+    /// report read) is kept for the next call.
+    pub(crate) async fn wait_command(&mut self) -> ExitStatus {
+        loop {
+            if let Some(status) = self.status {
+                return status;
+            }
+            // Without a report to wait for (no keeper, or a keeper killed
+            // before the command ended), the leader's status is the
+            // command's, or as close to it as there is.
+            if self.report.is_none()
+                && let Some(leader) = self.leader_status
+            {
+                self.status = Some(leader);
+                continue;
+            }
+            tokio::select! {
+                reported = report(&mut self.report) => match reported {
+                    Some(report) => {
+                        self.status = Some(ExitStatus::from_raw(report.status));
+                        self.left_behind = report.left_behind;
+                    }
+                    None => self.report = None,
+                },
+                leader = self.leader.wait(), if self.leader_status.is_none() => {
+                    self.leader_status =
+                        Some(leader.unwrap_or_else(|_| ExitStatus::from_raw(255 << 8)));
+                }
+            }
+        }
+    }
+
+    /// Whether the leader was reaped; reaps it if it has exited.
+    fn leader_gone(&mut self) -> bool {
+        if self.leader_status.is_none()
+            && let Ok(Some(status)) = self.leader.try_wait()
+        {
+            self.leader_status = Some(status);
+        }
+        self.leader_status.is_some()
+    }
+
+    /// Waits until the command exits (if it has not yet) and every other
     /// process of the group has gone, or until `deadline`, forwarding the
     /// signals redlock receives. Returns whether the group is empty.
     ///
     /// # Cancel safety
-    /// Cancel-safe: the leader's status is kept once reaped.
+    /// Cancel-safe: the command's status is kept once known.
     pub(crate) async fn wait_empty(
         &mut self,
         signals: &mut Signals,
@@ -122,10 +258,7 @@ impl Group {
         loop {
             if self.status.is_none() {
                 tokio::select! {
-                    status = self.child.wait() => {
-                        self.status = Some(status.unwrap_or_else(|_| ExitStatus::from_raw(255 << 8)));
-                        continue;
-                    }
+                    _ = self.wait_command() => continue,
                     (sig, _) = signals.recv() => {
                         signal_group(self.pgid, sig);
                         continue;
@@ -133,14 +266,21 @@ impl Group {
                     () = tokio::time::sleep_until(deadline) => return false,
                 }
             }
-            reap_group(self.pgid);
-            if !group_alive(self.pgid) {
-                return true;
+            // The keeper stays for as long as the group has children of its
+            // own; once it is reaped, what is left was re-parented to
+            // redlock (or to init).
+            if self.leader_gone() {
+                reap_group(self.pgid);
+                if !group_alive(self.pgid) {
+                    return true;
+                }
             }
             tokio::select! {
                 () = tokio::time::sleep(GROUP_POLL) => {}
                 (sig, _) = signals.recv() => { signal_group(self.pgid, sig); }
-                () = tokio::time::sleep_until(deadline) => return !group_alive(self.pgid),
+                () = tokio::time::sleep_until(deadline) => {
+                    return self.leader_gone() && !group_alive(self.pgid);
+                }
             }
         }
     }
@@ -160,6 +300,18 @@ impl Group {
         signal_group(self.pgid, libc::SIGKILL);
         let deadline = tokio::time::Instant::now() + kill_after.max(Duration::from_secs(1));
         self.wait_empty(signals, deadline).await;
+    }
+}
+
+/// The keeper's report: `None` when there is none to wait for, or the
+/// keeper ended without one. Never ends while a report may still come.
+///
+/// # Cancel safety
+/// Cancel-safe: a oneshot receiver keeps its value until received.
+async fn report(report: &mut Option<oneshot::Receiver<Report>>) -> Option<Report> {
+    match report {
+        Some(rx) => rx.await.ok(),
+        None => std::future::pending().await,
     }
 }
 
@@ -195,6 +347,277 @@ impl Signals {
             _ = self.term.recv() => (libc::SIGTERM, "SIGTERM"),
             _ = self.hup.recv() => (libc::SIGHUP, "SIGHUP"),
             _ = self.quit.recv() => (libc::SIGQUIT, "SIGQUIT"),
+        }
+    }
+}
+
+/// The keeper: see the module docs. Everything in the forked processes
+/// before the command's exec is plain system calls, with no allocation and
+/// no lock: redlock has other threads (tokio's blocking pool), whose locks
+/// a forked copy may find taken for ever.
+#[cfg(target_os = "linux")]
+mod keeper {
+    use std::io::{self, Read};
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+    use std::time::Duration;
+
+    use tokio::process::Command;
+    use tokio::sync::oneshot;
+
+    use super::{Group, Report};
+
+    /// How often the keeper looks at its parent even without the death
+    /// signal (which the kernel sends when the *thread* that forked it
+    /// ends, and which a set-up failure could lose).
+    pub(super) const LOOK: Duration = Duration::from_millis(100);
+
+    /// The signal the kernel sends the keeper when redlock dies. Anyone can
+    /// send it too: the keeper believes only its parent's change.
+    const DEATH: libc::c_int = libc::SIGUSR1;
+
+    /// The signals redlock forwards to the group (for the command, not the
+    /// keeper), and SIGPIPE (a report to a redlock gone must not end the
+    /// keeper before it ends the group).
+    const IGNORED: [libc::c_int; 5] = [
+        libc::SIGINT,
+        libc::SIGTERM,
+        libc::SIGHUP,
+        libc::SIGQUIT,
+        libc::SIGPIPE,
+    ];
+
+    /// Spawns the keeper, which starts the command as `cmd` says.
+    pub(super) fn spawn(mut cmd: Command) -> io::Result<Group> {
+        let (read, write) = pipe()?;
+        let supervisor = libc::pid_t::try_from(std::process::id())
+            .map_err(|_| io::Error::other("pid out of range"))?;
+        let report_fd = write.as_raw_fd();
+        // SAFETY: the closure runs in the forked child between fork and
+        // exec; `split` makes only async-signal-safe system calls there.
+        unsafe {
+            cmd.pre_exec(move || split(supervisor, report_fd));
+        }
+        let leader = cmd.spawn()?;
+        // Only the keeper may hold the write end: the pipe closes when it
+        // ends, reported or not.
+        drop(write);
+        let (tx, rx) = oneshot::channel();
+        // A thread of its own for one blocking read: tokio's pipe needs its
+        // `net` feature, and a blocking-pool task would hold up the
+        // runtime's shutdown while the keeper lives.
+        // Without the thread the command still runs: the keeper's own exit
+        // status, when the group is empty, is the command's.
+        let reader = std::thread::Builder::new()
+            .name("redlock-keeper-report".into())
+            .spawn(move || {
+                let mut raw = [0u8; 8];
+                if std::fs::File::from(read).read_exact(&mut raw).is_ok() {
+                    let (status, left) = raw.split_at(4);
+                    let _ = tx.send(Report {
+                        status: i32::from_ne_bytes(status.try_into().unwrap_or_default()),
+                        left_behind: left != [0; 4],
+                    });
+                }
+            });
+        Ok(Group::new(leader, reader.ok().map(|_| rx)))
+    }
+
+    /// A close-on-exec pipe, both ends numbered 3 or more (so that neither
+    /// is taken for the command's stdin, stdout or stderr when redlock was
+    /// started with one of those closed).
+    fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
+        let mut fds = [0; 2];
+        // SAFETY: pipe2 fills the two descriptors, which we then own.
+        if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: just created, owned here only.
+        let (read, write) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+        Ok((above_stdio(read)?, above_stdio(write)?))
+    }
+
+    fn above_stdio(fd: OwnedFd) -> io::Result<OwnedFd> {
+        if fd.as_raw_fd() > 2 {
+            return Ok(fd);
+        }
+        // SAFETY: fcntl duplicates a descriptor we own into a new one.
+        let dup = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 3) };
+        if dup < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: the duplicate is new and ours.
+        Ok(unsafe { OwnedFd::from_raw_fd(dup) })
+    }
+
+    /// In the child redlock forked (the group's leader, in its new group):
+    /// set up the keeper, fork the command, and return in the command so
+    /// that it goes on to exec. The keeper never returns.
+    ///
+    /// # Safety
+    /// Only between fork and exec, in the forked child.
+    unsafe fn split(supervisor: libc::pid_t, report: RawFd) -> io::Result<()> {
+        // SAFETY (all of it): system calls on this process only.
+        unsafe {
+            // Set up before the command exists, so that none of its ends
+            // (its exit, redlock's death) can come before the keeper waits.
+            let mut waited: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut waited);
+            libc::sigaddset(&mut waited, libc::SIGCHLD);
+            libc::sigaddset(&mut waited, DEATH);
+            libc::sigprocmask(libc::SIG_BLOCK, &waited, std::ptr::null_mut());
+            for sig in IGNORED {
+                libc::signal(sig, libc::SIG_IGN);
+            }
+            libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
+            // Named for `ps` and `top` (15 bytes at most, and the NUL).
+            libc::prctl(libc::PR_SET_NAME, c"redlock-keeper".as_ptr(), 0, 0, 0);
+            libc::prctl(libc::PR_SET_PDEATHSIG, DEATH, 0, 0, 0);
+            if libc::getppid() != supervisor {
+                // redlock died before the death signal was asked for.
+                libc::_exit(1);
+            }
+            let keeper = libc::getpid();
+            let command = libc::fork();
+            if command < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            if command == 0 {
+                // The command: undo the keeper's signals (an ignored
+                // signal stays ignored across exec), and die with the
+                // keeper.
+                for sig in IGNORED {
+                    libc::signal(sig, libc::SIG_DFL);
+                }
+                libc::sigprocmask(libc::SIG_UNBLOCK, &waited, std::ptr::null_mut());
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0);
+                if libc::getppid() != keeper {
+                    libc::_exit(1);
+                }
+                return Ok(());
+            }
+            keep(command, supervisor, report, &waited)
+        }
+    }
+
+    /// The keeper's life: reap, report the command's status, end the group
+    /// if redlock dies, leave once the group has no child of ours left.
+    unsafe fn keep(
+        command: libc::pid_t,
+        supervisor: libc::pid_t,
+        report: RawFd,
+        waited: &libc::sigset_t,
+    ) -> ! {
+        // SAFETY (all of it): system calls on this process and its group.
+        unsafe {
+            // Hold nothing but the report's pipe: std's exec-error pipe must
+            // close for redlock's spawn to return, and the command's stdio
+            // must close when the command's processes end.
+            close_from(0, report);
+            let look = libc::timespec {
+                tv_sec: 0,
+                tv_nsec: libc::c_long::try_from(LOOK.as_nanos()).unwrap_or(100_000_000),
+            };
+            let mut command_status = None;
+            loop {
+                loop {
+                    let mut status = 0;
+                    let pid = libc::waitpid(-1, &mut status, libc::WNOHANG);
+                    if pid <= 0 {
+                        break;
+                    }
+                    if pid == command {
+                        command_status = Some(status);
+                        // One write of 8 bytes: atomic on a pipe.
+                        let mut raw = [0u8; 8];
+                        raw[..4].copy_from_slice(&status.to_ne_bytes());
+                        raw[4] = u8::from(children_in_group());
+                        libc::write(report, raw.as_ptr().cast(), raw.len());
+                    }
+                }
+                if let Some(status) = command_status
+                    && !children_in_group()
+                {
+                    exit_as(status);
+                }
+                libc::sigtimedwait(waited, std::ptr::null_mut(), &look);
+                if libc::getppid() != supervisor {
+                    // redlock is gone, and the lock with it: no process of
+                    // the group may run on. This ends the keeper too.
+                    libc::killpg(0, libc::SIGKILL);
+                    libc::_exit(1);
+                }
+            }
+        }
+    }
+
+    /// Whether any child of the keeper is in its group (a zombie counts; all
+    /// were just reaped).
+    unsafe fn children_in_group() -> bool {
+        // SAFETY: waitid with WNOWAIT and WNOHANG only looks.
+        unsafe {
+            let mut info: libc::siginfo_t = std::mem::zeroed();
+            let pgid = libc::id_t::try_from(libc::getpgrp()).unwrap_or(0);
+            libc::waitid(
+                libc::P_PGID,
+                pgid,
+                &mut info,
+                libc::WEXITED | libc::WNOHANG | libc::WNOWAIT,
+            ) == 0
+        }
+    }
+
+    /// Closes every descriptor from `first` on, except `keep`.
+    unsafe fn close_from(first: RawFd, keep: RawFd) {
+        // SAFETY: closing descriptors of this process, which uses none of
+        // them any more.
+        unsafe {
+            let mut ranges = [(first, keep - 1), (keep + 1, RawFd::MAX)];
+            for (lo, hi) in &mut ranges {
+                if lo > hi {
+                    continue;
+                }
+                let (lo, hi) = (
+                    libc::c_uint::try_from(*lo).unwrap_or(0),
+                    libc::c_uint::try_from(*hi).unwrap_or(libc::c_uint::MAX),
+                );
+                if libc::syscall(libc::SYS_close_range, lo, hi, 0) == 0 {
+                    continue;
+                }
+                // Kernels before 5.9: one by one, up to the descriptor limit.
+                let mut limit: libc::rlimit = std::mem::zeroed();
+                let max = if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0 {
+                    libc::c_uint::try_from(limit.rlim_cur.min(1 << 20)).unwrap_or(1 << 20)
+                } else {
+                    1 << 16
+                };
+                for fd in lo..=hi.min(max) {
+                    libc::close(fd as RawFd);
+                }
+            }
+        }
+    }
+
+    /// Ends the keeper as the command ended: the same exit code, or death
+    /// by the same signal (without a core file of the keeper's).
+    unsafe fn exit_as(status: libc::c_int) -> ! {
+        // SAFETY: system calls on this process only.
+        unsafe {
+            if libc::WIFSIGNALED(status) {
+                let sig = libc::WTERMSIG(status);
+                let no_core = libc::rlimit {
+                    rlim_cur: 0,
+                    rlim_max: 0,
+                };
+                libc::setrlimit(libc::RLIMIT_CORE, &no_core);
+                libc::signal(sig, libc::SIG_DFL);
+                let mut set: libc::sigset_t = std::mem::zeroed();
+                libc::sigemptyset(&mut set);
+                libc::sigaddset(&mut set, sig);
+                libc::sigprocmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut());
+                libc::kill(libc::getpid(), sig);
+                libc::_exit(128 + sig);
+            }
+            libc::_exit(libc::WEXITSTATUS(status));
         }
     }
 }

@@ -8,7 +8,8 @@
 //! - `args`: the command line and its help text.
 //! - `exit`: the exit codes and the failure that carries one.
 //! - `run`: `redlock run`: the wait, the supervision, the hold.
-//! - `child`: the command's process group and the signals.
+//! - `child`: the command's process group, its keeper (Linux), and the
+//!   signals.
 //! - `status`: `redlock status`.
 //! - `log`: `--quiet` and `--verbose`.
 

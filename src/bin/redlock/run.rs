@@ -11,7 +11,7 @@ use redlock_quorum::{
 };
 
 use crate::args::{RunArgs, Wait};
-use crate::child::{self, Group, Signals};
+use crate::child::{self, Signals};
 use crate::exit::{self, Failure};
 use crate::log::Log;
 
@@ -70,8 +70,8 @@ pub(crate) async fn run(args: RunArgs, signals: &mut Signals, log: &Log) -> Resu
     let mut cmd = child::command(&args.command, args.shell);
     cmd.env("REDLOCK_RESOURCE", &args.name)
         .env("REDLOCK_FENCING_TOKEN", token.to_string());
-    let child = match cmd.spawn() {
-        Ok(child) => child,
+    let mut group = match child::spawn(cmd) {
+        Ok(group) => group,
         Err(e) => {
             let _ = guard.release().await;
             log.error(format_args!(
@@ -81,23 +81,13 @@ pub(crate) async fn run(args: RunArgs, signals: &mut Signals, log: &Log) -> Resu
             return Ok(child::spawn_failure(&e));
         }
     };
-    let pgid = child.id().unwrap_or(0);
-    let mut group = Group {
-        child,
-        pgid,
-        status: None,
-    };
-    log.info(format_args!("started the command, pid {pgid}"));
+    let pgid = group.pgid;
+    log.info(format_args!("started the command, process group {pgid}"));
 
     // Supervise: forward signals until the command exits or the lock is lost.
     let lost = loop {
         tokio::select! {
-            status = group.child.wait() => {
-                group.status = Some(status.unwrap_or_else(|_| {
-                    std::os::unix::process::ExitStatusExt::from_raw(255 << 8)
-                }));
-                break None;
-            }
+            _ = group.wait_command() => break None,
             (signal, name) = signals.recv() => {
                 log.info(format_args!("forwarding {name} to the command's process group"));
                 child::signal_group(pgid, signal);
@@ -107,23 +97,30 @@ pub(crate) async fn run(args: RunArgs, signals: &mut Signals, log: &Log) -> Resu
     };
 
     if let Some(reason) = lost {
-        log.error(format_args!(
-            "lost the lock {:?} while the command ran: {reason}; terminating it",
-            args.name
-        ));
+        // End the command first, then say so: nothing may stand between the
+        // loss and the group's end (a write could block on a full pipe).
         group.terminate(signals, args.kill_after).await;
         let _ = guard.release().await;
+        log.error(format_args!(
+            "lost the lock {:?} while the command ran: {reason}; its process group was terminated",
+            args.name
+        ));
         return Ok(exit::LOST);
     }
 
-    let status = group.status.expect("the leader was reaped");
+    let status = group.wait_command().await;
     let code = child::exit_code(status);
     log.info(format_args!("the command exited: {status}"));
+    // The keeper (Linux) may still be leaving; SIGTERM does not reach it,
+    // and a group of the keeper alone ends at once.
+    let left_behind = group.left_behind();
     if child::group_alive(pgid) {
-        log.info(format_args!(
-            "the command left processes in its group; terminating them"
-        ));
         group.terminate(signals, args.kill_after).await;
+    }
+    if left_behind {
+        log.info(format_args!(
+            "the command left processes in its group; they were terminated"
+        ));
     }
     if !guard.is_held() {
         let reason = guard.loss().map(|r| r.to_string()).unwrap_or_default();

@@ -2,6 +2,7 @@
 //! `PTTL` requests. It never reads the key's value, so it cannot print a
 //! token.
 
+use std::io::Write;
 use std::time::Duration;
 
 use redlock_quorum::Redlock;
@@ -45,8 +46,11 @@ pub(crate) async fn status(args: StatusArgs) -> Result<u8, Failure> {
     } else {
         ("not held (too few nodes hold the key)", exit::NOT_HELD)
     };
-    println!(
-        "{:?}: {verdict}: on {held} of {nodes} nodes ({quorum} make a quorum){}",
+    // The report is written at once, and a failed write (a closed pipe, a
+    // full disk) is not an error of the lock's: the exit code still says
+    // what was found. `println!` would panic instead.
+    let mut report = format!(
+        "{:?}: {verdict}: on {held} of {nodes} nodes ({quorum} make a quorum){}\n",
         args.name,
         if failed > 0 {
             format!(", {failed} failed")
@@ -62,8 +66,9 @@ pub(crate) async fn status(args: StatusArgs) -> Result<u8, Failure> {
             Seen::Free => "free".to_owned(),
             Seen::Failed(e) => format!("FAILED: {e}"),
         };
-        println!("  {label:width$}  {state}");
+        report.push_str(&format!("  {label:width$}  {state}\n"));
     }
+    let _ = std::io::stdout().lock().write_all(report.as_bytes());
     Ok(code)
 }
 
