@@ -37,7 +37,11 @@ impl Times {
             (Some(median), Some(max)) => (ms(median), ms(max)),
             _ => (f64::NAN, f64::NAN),
         };
-        let failed = if self.1 > 0 { format!(", {} failed", self.1) } else { String::new() };
+        let failed = if self.1 > 0 {
+            format!(", {} failed", self.1)
+        } else {
+            String::new()
+        };
         format!("{median:.1} / {max:.1}{failed}")
     }
 }
@@ -98,7 +102,11 @@ async fn main() {
             for _ in 0..cycles {
                 cycle(&holder, contended.then_some(&waiter), n, &mut t).await;
             }
-            let how = if contended { "with a waiter (lock: hand-off)" } else { "uncontended" };
+            let how = if contended {
+                "with a waiter (lock: hand-off)"
+            } else {
+                "uncontended"
+            };
             let [lock, extend, unlock] = &mut t;
             println!(
                 "| {n} | {how} | {} | {} | {} |",

@@ -14,9 +14,11 @@
 //! script over many keys (a lock on several resources) in one go, in time
 //! that grows with the keys, so a request naming `n` keys gets the node
 //! timeout plus [`PER_KEY`] for each key past the first
-//! ([`Request::timeout`]): 100 ms more for a lock on 1,000 resources (its
-//! fencing scripts name each counter too, so 200 ms more). A request over one
-//! key keeps the node timeout as it is.
+//! ([`Request::timeout`]): about 1 s more for a lock on 1,000 resources
+//! (its fencing scripts name each counter too, so about 2 s more). A request over
+//! one key keeps the node timeout as it is. A node that does not answer
+//! holds such a request up that much longer: a round that needs every node
+//! (a release) waits for it, one that stops at a quorum does not.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -40,13 +42,15 @@ use crate::trace;
 /// top of the node timeout.
 ///
 /// Measured with 3 local nodes on a 2-core machine: the release of 1,000
-/// keys, each with a waiting manager to name (a hash read, a publish to a
-/// subscriber), runs for 5 to 7 ms on an idle node, 5 to 7 µs a key, and
-/// setting or extending them for less. A node that shares its cores with
-/// others (other nodes, busy processes) can take ten times as long before
-/// it answers; 100 µs a key leaves room for that, where the plain 50 ms
-/// default timed out on every node under load.
-pub(crate) const PER_KEY: Duration = Duration::from_micros(100);
+/// keys, each with a waiting manager to name (a hash read and a publish per
+/// key), runs for 5 to 7 ms on an idle node (5 to 7 µs a key); setting,
+/// extending or reading them costs less. On the same machine under a load
+/// of 15 the same script ran for 70 to 100 ms (the node waits for a core),
+/// and the whole release round took up to 300 ms (the client waits too).
+/// 1 ms a key leaves three times that: a request over 1,000 keys may take
+/// about 1 s with the default node timeout, where the plain 50 ms timed
+/// out on every node under load.
+pub(crate) const PER_KEY: Duration = Duration::from_millis(1);
 
 /// One request, the same for every node of a round; cheap to clone.
 #[derive(Clone)]

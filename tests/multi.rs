@@ -562,9 +562,9 @@ async fn the_largest_set_is_extended_fenced_and_released_with_a_contender_waitin
             .build()
             .expect("valid")
     };
+    // No warm-up: a single-key request gets only the default 50 ms, which a
+    // loaded machine can overrun; every request here names 1,000 keys.
     let (holder, waiter) = (default_timeouts(), default_timeouts());
-    redlock_harness::warm(&holder).await;
-    redlock_harness::warm(&waiter).await;
     for trial in 0..3 {
         let set = names(&format!("contended-{trial}"), MAX_RESOURCES);
         let lock = holder.try_lock_many(&refs(&set), TTL).await.expect("lock");
@@ -575,15 +575,29 @@ async fn the_largest_set_is_extended_fenced_and_released_with_a_contender_waitin
                 Ok::<_, Error>(lock.token().to_owned())
             })
         };
-        // Time for it to be refused, subscribe and register on every key.
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        // Until it was refused, subscribed and registered on every key on
+        // every node (each key's waiting hash is its name, 0xFF, `waiters`).
+        let mut exists = redis::cmd("EXISTS");
+        for name in &set {
+            exists.arg([name.as_bytes(), b"\xffwaiters"].concat());
+        }
+        let registered = |c: &Cluster| {
+            (0..3).all(|i| {
+                exists
+                    .query::<usize>(&mut c.conn(i))
+                    .is_ok_and(|n| n == MAX_RESOURCES)
+            })
+        };
+        // A node whose registration did not come through (its pipeline is
+        // bounded by a second) wakes every manager instead: still waiting.
+        let named = cluster.eventually(Duration::from_secs(5), registered);
         let lock = holder.extend(&lock, TTL).await.expect("extend");
         let fence = holder.fencing_token(&lock).await.expect("fencing token");
         assert!(fence >= 1);
         let started = Instant::now();
         let unlocked = holder.unlock(&lock).await;
         eprintln!(
-            "trial {trial}: unlock in {:?}: {unlocked:?}, {} pending",
+            "trial {trial} (registered on every node: {named}): unlock in {:?}: {unlocked:?}, {} pending",
             started.elapsed(),
             holder.pending_releases()
         );
