@@ -461,3 +461,32 @@ where
         in_flight: InFlight { rounds },
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_request_gets_time_for_each_key_past_the_first() {
+        let base = Duration::from_millis(50);
+        let set = Request::Cmd(Arc::new(redis::cmd("SET")));
+        assert_eq!(set.timeout(base), base, "one key: the node timeout");
+        let script = |n: usize| Request::Script {
+            script: &crate::scripts::UNLOCK_MANY,
+            keys: (0..n).map(|i| i.to_string().into_bytes()).collect(),
+            args: Arc::new([]),
+        };
+        assert_eq!(script(1).timeout(base), base);
+        assert_eq!(script(0).timeout(base), base);
+        assert_eq!(script(2).timeout(base), base + PER_KEY);
+        assert_eq!(
+            script(1_000).timeout(base),
+            base + Duration::from_millis(999)
+        );
+        let durable = script(10).durable(Durability::Disk {
+            timeout: Duration::from_secs(1),
+        });
+        assert_eq!(durable.timeout(base), base + PER_KEY * 9);
+        assert_eq!(script(3).timeout(Duration::MAX), Duration::MAX);
+    }
+}
