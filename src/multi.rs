@@ -29,9 +29,13 @@
 //! command may carry up to 2^31 − 1 arguments, and the scripts loop over
 //! `KEYS` rather than `unpack` it). What bounds a set is time: each node
 //! runs the script in one go, blocking every other client of that node
-//! meanwhile, and the round must hear a quorum within the node timeout.
-//! [`MAX_RESOURCES`] caps a request well below where that bites (its docs
-//! give the numbers).
+//! meanwhile, and the round must hear a quorum within the node timeout,
+//! which grows by 1 ms per key past the first for such a request
+//! ([`crate::round`]). [`MAX_RESOURCES`] caps a request well below where
+//! that bites (its docs give the numbers).
+//!
+//! A release that a node did not answer is owed to it once for the whole
+//! set, and retried with the set's script ([`crate::release`]).
 
 use std::borrow::Cow;
 use std::collections::HashSet;
@@ -53,13 +57,20 @@ use crate::timing;
 /// The most resources one lock may hold.
 ///
 /// Redis itself would take far more keys in one script; the cap is set by
-/// time. Measured on a loaded 2-core machine with 3 local nodes (debug
-/// build of the tests): one round over 1,000 keys took 13 ms, over 5,000
-/// 63 ms, and 10,000 never reached a quorum within the default 50 ms node
-/// timeout (each node blocks all its other clients while the script runs,
-/// and every failed round also owes its release key by key to the nodes
-/// that did not answer). With a 30 s node timeout, 10,000 keys took 226 ms.
-/// 1,000 keeps a round well inside the default timeouts.
+/// time. Each node runs a lock's script in one go, blocking its other
+/// clients meanwhile, and the time grows with the keys: measured with 3
+/// local nodes on a 2-core machine, one acquisition round over 1,000 keys
+/// took 13 ms, over 5,000 63 ms, and 10,000 never reached a quorum within
+/// the default 50 ms node timeout (with a 30 s node timeout, 226 ms). The
+/// release costs the most per key when other managers wait for the keys:
+/// it names a successor and publishes for each key (5 to 7 ms for 1,000
+/// keys on an idle node, 70 to 100 ms under a load of 15). So each request
+/// gets 1 ms per key past the first on top of the node timeout (see
+/// [`RedlockBuilder::node_timeout`](crate::RedlockBuilder::node_timeout)),
+/// and lock, extend, fencing and unlock of 1,000 resources succeed with the
+/// default timeouts while another manager waits for them (the README's
+/// table on sets gives the times at 1, 10, 100 and 1,000 resources).
+/// 1,000 keeps a round well inside those bounds.
 pub const MAX_RESOURCES: usize = 1_000;
 
 /// How many names a label spells out before it counts the rest.

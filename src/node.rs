@@ -6,20 +6,36 @@
 //! made again when:
 //! - a request on it failed at the connection level (the node restarted, the
 //!   link broke);
-//! - the caller runs on another Tokio runtime than the one it was made on
-//!   (its driver task died with that runtime: a test suite has one runtime
-//!   per test, a CLI may build one per command);
+//! - the caller runs on another Tokio runtime than the ones it was made on:
+//!   each runtime gets its own connection (a connection's driver task runs
+//!   on the runtime that made it, dies with it, and stalls while that
+//!   runtime is not driven; a test suite has one runtime per test, a CLI
+//!   may build one per command), unless a multi-thread runtime's connection
+//!   is there to share (below). What happens on one runtime (a connection
+//!   attempt that fails, say) never drops another runtime's connection,
+//!   whose queued requests must stay ahead of the later ones. A runtime's
+//!   connection is forgotten once that runtime has shut down;
 //! - making it failed, for any reason (refused, timed out, a wrong
 //!   password): it is tried again after a backoff that doubles from 25 ms up
 //!   to one second, so a node that comes back, or whose password is fixed,
 //!   is used again without a restart of the client.
+//!
+//! A caller on a runtime without its own connection uses the connection of
+//! a multi-thread runtime that is still running, if there is one (its
+//! worker threads drive it whoever sends). So the requests of a lock to a
+//! node stay on one connection when the lock is taken on one runtime and
+//! released on another: a release sent while the node hangs is queued
+//! behind the lock's `SET` there and runs after it, instead of racing it
+//! on a new connection (or not reaching the node at all). A current-thread
+//! runtime's connection is not shared: it moves only while that runtime is
+//! inside `block_on`.
 //!
 //! Making a connection is bounded by the connect timeout, apart from the
 //! per-request node timeout, so that a cold start under a burst of clients
 //! does not count as a slow node.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use redis::aio::MultiplexedConnection;
@@ -87,7 +103,8 @@ pub(crate) struct Node {
 
 #[derive(Default)]
 struct Slot {
-    live: Option<Live>,
+    /// One connection per runtime that uses the node.
+    live: Vec<Live>,
     failed: Option<Failure>,
     /// Increases with every connection made, so that a stale failure report
     /// cannot drop a newer connection.
@@ -101,6 +118,38 @@ struct Live {
     conn: MultiplexedConnection,
     runtime: tokio::runtime::Id,
     epoch: u64,
+    /// Whether other runtimes may use it: made on a multi-thread runtime,
+    /// whose worker threads drive it.
+    shared: bool,
+    /// Dead once the runtime shut down: the task that holds its strong
+    /// side ([`sentinel`]) was dropped with the runtime.
+    alive: Weak<()>,
+    /// Dropped with this entry, which ends that task.
+    _stop: tokio::sync::oneshot::Sender<()>,
+}
+
+impl Live {
+    fn usable_on(&self, runtime: tokio::runtime::Id) -> bool {
+        self.runtime == runtime && self.alive.strong_count() > 0
+    }
+
+    fn shareable(&self) -> bool {
+        self.shared && self.alive.strong_count() > 0
+    }
+}
+
+/// Spawns on the current runtime a task that only waits for `stop` (or
+/// for the runtime to shut down, which drops it), and returns what tells
+/// whether it is still there: whether the runtime still runs.
+fn sentinel() -> (Weak<()>, tokio::sync::oneshot::Sender<()>) {
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let alive = Arc::new(());
+    let weak = Arc::downgrade(&alive);
+    tokio::spawn(async move {
+        let _alive = alive;
+        let _ = stopped.await;
+    });
+    (weak, stop)
 }
 
 struct Failure {
@@ -118,7 +167,7 @@ pub(crate) struct Conn {
 
 impl std::fmt::Debug for Node {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let connected = self.lock_slot().live.is_some();
+        let connected = !self.lock_slot().live.is_empty();
         f.debug_struct("Node")
             .field("addr", &self.label)
             .field("connected", &connected)
@@ -208,8 +257,9 @@ impl Node {
         self.slot.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The cached connection if it is usable on this runtime, else the
-    /// cached failure while its backoff lasts, else `None` (connect).
+    /// The cached connection if it is usable on this runtime (its own, else
+    /// a running multi-thread runtime's), else the cached failure while its
+    /// backoff lasts, else `None` (connect).
     fn cached(&self, runtime: tokio::runtime::Id) -> Option<Result<Conn, NodeError>> {
         let slot = self.lock_slot();
         if let Some((other_index, other_node)) = &slot.duplicate_of {
@@ -218,9 +268,8 @@ impl Node {
                 other_node: other_node.clone(),
             }));
         }
-        if let Some(live) = &slot.live
-            && live.runtime == runtime
-        {
+        let own = slot.live.iter().find(|l| l.usable_on(runtime));
+        if let Some(live) = own.or_else(|| slot.live.iter().find(|l| l.shareable())) {
             return Some(Ok(Conn {
                 conn: live.conn.clone(),
                 epoch: live.epoch,
@@ -241,7 +290,12 @@ impl Node {
     /// Cancel-safe: a connection attempt that is dropped leaves the slot as
     /// it was, and the next caller tries again.
     pub(crate) async fn connection(&self) -> Result<Conn, NodeError> {
-        let runtime = tokio::runtime::Handle::current().id();
+        let current = tokio::runtime::Handle::current();
+        let runtime = current.id();
+        let shared = matches!(
+            current.runtime_flavor(),
+            tokio::runtime::RuntimeFlavor::MultiThread
+        );
         if let Some(cached) = self.cached(runtime) {
             return cached;
         }
@@ -258,7 +312,7 @@ impl Node {
                     self.identities.register(self.index, &self.label, &run_id)
                 {
                     slot.duplicate_of = Some((other_index, other_node.clone()));
-                    slot.live = None;
+                    slot.live.clear();
                     return Err(NodeError::SameServer {
                         other_index,
                         other_node,
@@ -266,10 +320,18 @@ impl Node {
                 }
                 slot.epoch += 1;
                 let epoch = slot.epoch;
-                slot.live = Some(Live {
+                // This runtime's earlier connection, and those of runtimes
+                // that shut down, are replaced; the others are kept.
+                slot.live
+                    .retain(|l| l.runtime != runtime && l.alive.strong_count() > 0);
+                let (alive, stop) = sentinel();
+                slot.live.push(Live {
                     conn: conn.clone(),
                     runtime,
                     epoch,
+                    shared,
+                    alive,
+                    _stop: stop,
                 });
                 slot.failed = None;
                 Ok(Conn { conn, epoch })
@@ -279,7 +341,10 @@ impl Node {
                     .failed
                     .as_ref()
                     .map_or(FIRST_BACKOFF, |f| (f.backoff * 2).min(MAX_BACKOFF));
-                slot.live = None;
+                // Only this runtime's connection goes (if it had one): another
+                // runtime's may still carry requests that must run before
+                // that runtime's later ones.
+                slot.live.retain(|l| l.runtime != runtime);
                 slot.failed = Some(Failure {
                     error: error.clone(),
                     retry_at: Instant::now() + backoff,
@@ -365,10 +430,7 @@ impl Node {
     /// Reports that a request on `conn` failed at the connection level: the
     /// next request connects again (at once: the node answered before).
     pub(crate) fn broken(&self, conn: &Conn) {
-        let mut slot = self.lock_slot();
-        if slot.live.as_ref().is_some_and(|l| l.epoch == conn.epoch) {
-            slot.live = None;
-        }
+        self.lock_slot().live.retain(|l| l.epoch != conn.epoch);
     }
 }
 

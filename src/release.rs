@@ -3,7 +3,7 @@
 //! guard that releases a cancelled attempt.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use futures::future::join_all;
@@ -11,17 +11,24 @@ use tokio::task::JoinHandle;
 
 use crate::multi;
 use crate::redlock::Inner;
-use crate::round::{self, InFlight, Request, Until};
+use crate::round::{self, InFlight, Until};
 use crate::scripts;
 use crate::tally::{Ask, Tally};
 use crate::trace;
 
-/// The most releases one node's retry queue keeps. Past it, the entry whose
-/// key expires first is dropped: that key then expires with its ttl, as it
-/// would without the retry.
+/// The most releases (locks) one node's retry queue keeps. Past it, or past
+/// [`MAX_QUEUED_KEYS_PER_NODE`], the lock whose keys expire first is
+/// dropped: its keys then expire with their ttl, as they would without the
+/// retry.
 pub(crate) const MAX_QUEUED_PER_NODE: usize = 10_000;
-/// The most releases one retry sends to a node at once.
+/// The most keys, over all its locks, one node's retry queue keeps (ten
+/// locks of [`crate::MAX_RESOURCES`] each, or ten thousand single locks).
+const MAX_QUEUED_KEYS_PER_NODE: usize = 100_000;
+/// The most releases (locks) one retry sends to a node at once.
 const BATCH: usize = 512;
+/// The most keys one retry sends to a node at once, over its locks (one lock
+/// goes alone when it has more).
+const BATCH_KEYS: usize = 1_024;
 /// The longest pause between two retries to a node.
 const MAX_PAUSE: Duration = Duration::from_secs(1);
 
@@ -82,12 +89,12 @@ pub(crate) async fn release_with(
     )
     .await;
     if Instant::now() < key_expiry {
-        // Owed key by key: the queue releases each with the single-key
-        // script, which for a set does what the set's script does.
+        // Owed lock by lock: the retry sends the same request again.
+        let owed: Arc<[String]> = keys.iter().map(|&k| k.to_owned()).collect();
         for &index in &round.tally.unanswered {
-            for key in keys {
-                inner.retries.push(inner, index, key, token, key_expiry);
-            }
+            inner
+                .retries
+                .push(inner, index, &owed, token, key_expiry, quiet);
         }
     }
     round.tally
@@ -96,6 +103,20 @@ pub(crate) async fn release_with(
 /// The releases still owed to each node, and one worker task per node that
 /// retries them: however many locks are released while a node is down, the
 /// node gets one task and at most one batch of requests per pause.
+///
+/// An owed release is one lock: its token and all its keys, released by the
+/// request that the release round sent ([`multi::unlock_request`]). It is
+/// owed until the node answers it, or until its keys would have expired
+/// anyway, or until the manager (with all its clones) is dropped.
+///
+/// The worker starts on the runtime of the release that first owed the node
+/// something, so that its requests ride the same connection as that
+/// runtime's earlier requests on the node (a `SET` still queued there runs
+/// before the retried release). When that runtime shuts down while releases
+/// are still owed, the worker goes on from the crate's own release runtime:
+/// one thread, started on first need, that lives as long as the process
+/// (see [`fallback`]). So a release owed from a runtime that ended (a
+/// `block_on` per command, a test per runtime) is still retried.
 #[derive(Debug)]
 pub(crate) struct Retries {
     queues: Vec<Mutex<Queue>>,
@@ -103,9 +124,42 @@ pub(crate) struct Retries {
 
 #[derive(Debug, Default)]
 struct Queue {
-    /// `(key, token)` → the instant the key expires anyway.
-    owed: HashMap<(String, String), Instant>,
+    /// Token → the lock owed.
+    owed: HashMap<String, Owed>,
+    /// The keys of all the locks owed.
+    keys: usize,
     worker: Option<JoinHandle<()>>,
+}
+
+/// One lock whose release a node is owed.
+#[derive(Debug)]
+struct Owed {
+    keys: Arc<[String]>,
+    /// The instant its keys expire anyway.
+    expiry: Instant,
+    /// Released without publishing (see [`scripts::UNLOCK`]).
+    quiet: bool,
+}
+
+impl Queue {
+    fn remove(&mut self, token: &str) {
+        if let Some(owed) = self.owed.remove(token) {
+            self.keys -= owed.keys.len();
+        }
+    }
+
+    /// Drops what expired by `now`.
+    fn expire(&mut self, now: Instant) {
+        let mut keys = self.keys;
+        self.owed.retain(|_, owed| {
+            let keep = owed.expiry > now;
+            if !keep {
+                keys -= owed.keys.len();
+            }
+            keep
+        });
+        self.keys = keys;
+    }
 }
 
 impl Retries {
@@ -116,46 +170,141 @@ impl Retries {
     }
 
     fn queue(&self, index: usize) -> std::sync::MutexGuard<'_, Queue> {
-        // Every write under it is a single insert or remove; a panic cannot
-        // leave it inconsistent.
+        // Every change under it keeps `owed` and `keys` in step before
+        // anything that can panic; a poisoned lock is still usable.
         self.queues[index].lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// How many releases are owed, over all nodes.
+    /// How many releases (locks) are owed, over all nodes.
     pub(crate) fn owed(&self) -> usize {
         (0..self.queues.len())
             .map(|i| self.queue(i).owed.len())
             .sum()
     }
 
-    /// Owes node `index` the release of `key` by `token` until `key_expiry`,
-    /// and makes sure the node's worker runs.
-    fn push(&self, inner: &Arc<Inner>, index: usize, key: &str, token: &str, key_expiry: Instant) {
+    /// Owes node `index` the release of the lock `token` over `keys` until
+    /// `key_expiry`, and makes sure the node's worker runs.
+    fn push(
+        &self,
+        inner: &Arc<Inner>,
+        index: usize,
+        keys: &Arc<[String]>,
+        token: &str,
+        key_expiry: Instant,
+        quiet: bool,
+    ) {
         let mut queue = self.queue(index);
-        if queue.owed.len() >= MAX_QUEUED_PER_NODE {
+        // The same lock owed again (a later release of it): one entry, its
+        // keys the union, its expiry the later, published unless both were
+        // quiet.
+        let (keys, key_expiry, quiet) = match queue.owed.get(token) {
+            Some(old) => {
+                let mut union: Vec<String> = old.keys.to_vec();
+                union.extend(keys.iter().filter(|k| !old.keys.contains(k)).cloned());
+                (union.into(), old.expiry.max(key_expiry), old.quiet && quiet)
+            }
+            None => (keys.clone(), key_expiry, quiet),
+        };
+        queue.remove(token);
+        while !queue.owed.is_empty()
+            && (queue.owed.len() >= MAX_QUEUED_PER_NODE
+                || queue.keys + keys.len() > MAX_QUEUED_KEYS_PER_NODE)
+        {
             let first = queue
                 .owed
                 .iter()
-                .min_by_key(|(_, expiry)| **expiry)
-                .map(|(k, _)| k.clone());
+                .min_by_key(|(_, owed)| owed.expiry)
+                .map(|(token, _)| token.clone());
             if let Some(first) = first {
-                queue.owed.remove(&first);
+                queue.remove(&first);
             }
         }
-        queue
-            .owed
-            .insert((key.to_owned(), token.to_owned()), key_expiry);
+        queue.keys += keys.len();
+        queue.owed.insert(
+            token.to_owned(),
+            Owed {
+                keys,
+                expiry: key_expiry,
+                quiet,
+            },
+        );
         trace::debug!(
             node = inner.nodes[index].label(),
             owed = queue.owed.len(),
             "release owed to an unreachable node"
         );
-        // A worker that died with its runtime is replaced.
+        // A worker that ended is replaced. One whose runtime shut down has
+        // already moved itself to the release runtime ([`Worker`]).
         if queue.worker.as_ref().is_none_or(JoinHandle::is_finished)
-            && let Ok(handle) = tokio::runtime::Handle::try_current()
+            && let Some(handle) = tokio::runtime::Handle::try_current().ok().or_else(fallback)
         {
-            queue.worker = Some(handle.spawn(drain(Arc::downgrade(inner), index)));
+            queue.worker = Some(handle.spawn(drain(Worker::new(inner, index))));
         }
+    }
+}
+
+/// The crate's own runtime for release workers whose runtime shut down: a
+/// current-thread runtime on a thread of its own, started on first need and
+/// kept for the life of the process (an idle thread parked in its driver).
+/// `None` if it could not be started (the OS refused a thread, say): the
+/// worker then ends, and the keys expire with their ttl.
+fn fallback() -> Option<tokio::runtime::Handle> {
+    static RUNTIME: OnceLock<Option<tokio::runtime::Handle>> = OnceLock::new();
+    RUNTIME
+        .get_or_init(|| {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .ok()?;
+            let handle = runtime.handle().clone();
+            std::thread::Builder::new()
+                .name("redlock-release".into())
+                .spawn(move || runtime.block_on(std::future::pending::<()>()))
+                .ok()?;
+            Some(handle)
+        })
+        .clone()
+}
+
+/// A node's worker as its task holds it: when the task is dropped before the
+/// worker ended (its runtime shut down), it starts again on the release
+/// runtime ([`fallback`]) while the manager lives and something is owed.
+struct Worker {
+    inner: Weak<Inner>,
+    index: usize,
+    ended: bool,
+}
+
+impl Worker {
+    fn new(inner: &Arc<Inner>, index: usize) -> Self {
+        Worker {
+            inner: Arc::downgrade(inner),
+            index,
+            ended: false,
+        }
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        if self.ended {
+            return;
+        }
+        let Some(inner) = self.inner.upgrade() else {
+            return;
+        };
+        let mut queue = inner.retries.queue(self.index);
+        queue.expire(Instant::now());
+        if queue.owed.is_empty() {
+            queue.worker = None;
+            return;
+        }
+        // Never on the runtime that is shutting down (the current one, if
+        // any): its tasks are being dropped.
+        queue.worker = fallback().map(|runtime| {
+            let moved = Worker::new(&inner, self.index);
+            runtime.spawn(drain(moved))
+        });
     }
 }
 
@@ -163,30 +312,47 @@ impl Retries {
 /// doubles from the node timeout up to one second while the node does not
 /// answer, until nothing is owed, or every key has expired, or the manager
 /// is dropped (it holds only a weak reference in between).
-async fn drain(inner: Weak<Inner>, index: usize) {
-    let mut pause = match inner.upgrade() {
+async fn drain(mut worker: Worker) {
+    let index = worker.index;
+    let mut pause = match worker.inner.upgrade() {
         Some(inner) => inner.config.node_timeout,
-        None => return,
+        None => {
+            worker.ended = true;
+            return;
+        }
     };
     loop {
         tokio::time::sleep(pause).await;
-        let Some(inner) = inner.upgrade() else {
+        let Some(inner) = worker.inner.upgrade() else {
+            worker.ended = true;
             return;
         };
-        let batch: Vec<(String, String)> = {
+        let batch: Vec<(String, Arc<[String]>, bool)> = {
             let mut queue = inner.retries.queue(index);
-            let now = Instant::now();
-            queue.owed.retain(|_, expiry| *expiry > now);
+            queue.expire(Instant::now());
             if queue.owed.is_empty() {
                 queue.worker = None;
+                worker.ended = true;
                 return;
             }
-            queue.owed.keys().take(BATCH).cloned().collect()
+            let mut keys = 0;
+            queue
+                .owed
+                .iter()
+                .take(BATCH)
+                .take_while(|(_, owed)| {
+                    let first = keys == 0;
+                    keys += owed.keys.len();
+                    first || keys <= BATCH_KEYS
+                })
+                .map(|(token, owed)| (token.clone(), owed.keys.clone(), owed.quiet))
+                .collect()
         };
         let node = &inner.nodes[index];
         let node_timeout = inner.config.node_timeout;
-        let answers = join_all(batch.iter().map(|(key, token)| {
-            let request = Request::script(&scripts::UNLOCK, [key.as_bytes()], [token.as_bytes()]);
+        let answers = join_all(batch.iter().map(|(token, keys, quiet)| {
+            let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+            let request = multi::unlock_request(&keys, token, *quiet);
             round::call(
                 node.clone(),
                 index,
@@ -199,11 +365,11 @@ async fn drain(inner: Weak<Inner>, index: usize) {
         let mut answered = 0;
         {
             let mut queue = inner.retries.queue(index);
-            for (entry, answer) in batch.into_iter().zip(answers) {
+            for ((token, _, _), answer) in batch.into_iter().zip(answers) {
                 // Any answer but "no answer" settles it: released, not ours
                 // any more, or an error that retrying will not fix.
                 if !answer.is_err_and(|e| e.is_transient()) {
-                    queue.owed.remove(&entry);
+                    queue.remove(&token);
                     answered += 1;
                 }
             }

@@ -177,8 +177,15 @@ pub(crate) fn release_channel(lock_key: &str) -> Vec<u8> {
 /// channel only), the release is published on the key's channel, for
 /// every manager; so it is when any other part fails (a user whose ACL
 /// denies `HGETALL`, `TIME` or `HDEL`).
-const RELEASED: &str = r#"local function released(key)
-    local message = string.sub(redis.sha1hex(ARGV[1]), 1, 16)
+///
+/// The message and the node's clock are read once per script run, at the
+/// first key that needs them: a release of many keys ([`UNLOCK_MANY`]) pays
+/// per key only the hash read and the publish.
+const RELEASED: &str = r#"local message, now
+local function released(key)
+    if not message then
+        message = string.sub(redis.sha1hex(ARGV[1]), 1, 16)
+    end
     local channel = key .. "\255released"
     local queue = key .. "\255waiters"
     local ok, live = pcall(function()
@@ -186,8 +193,10 @@ const RELEASED: &str = r#"local function released(key)
         if #ids == 0 then
             return {}
         end
-        local t = redis.call("time")
-        local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+        if not now then
+            local t = redis.call("time")
+            now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+        end
         local live = {}
         for i = 1, #ids, 2 do
             local deadline = tonumber(ids[i + 1])
@@ -448,8 +457,8 @@ return 1"#;
 
 /// `KEYS` = the lock keys, `ARGV[1]` = token, `ARGV[2]` = `quiet` or absent.
 /// Deletes every key that holds the token, publishing each release as
-/// [`UNLOCK`] does. Returns 1 when it
-/// deleted any, 0 otherwise.
+/// [`UNLOCK`] does (the message and the clock read once for the whole
+/// set). Returns 1 when it deleted any, 0 otherwise.
 pub(crate) static UNLOCK_MANY: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
         r#"{RELEASED}

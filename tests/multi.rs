@@ -543,3 +543,110 @@ async fn node_redlock_and_this_crate_exclude_each_other_on_sets() {
     let _ = tokio::time::timeout(Duration::from_secs(5), node.child.wait()).await;
     assert!(gone(&[&a, &b, &c]), "nothing left behind");
 }
+
+/// Extend, fencing and unlock of the largest set while another manager
+/// waits for it, with the default node timeout. The release names a
+/// successor for each key (a hash read and a publish per key), which made
+/// the unlock script of 1,000 keys outlast the 50 ms node timeout on every
+/// node: `NoQuorum` although every key was deleted, and 1,000 releases
+/// queued per unanswered node. A request now gets `PER_KEY` more per key, the
+/// script reads the message and the clock once, and a release is owed per
+/// lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_largest_set_is_extended_fenced_and_released_with_a_contender_waiting() {
+    let cluster = Cluster::start(3);
+    let default_timeouts = || {
+        cluster
+            .builder()
+            .node_timeout(redlock_quorum::DEFAULT_NODE_TIMEOUT)
+            .build()
+            .expect("valid")
+    };
+    // No warm-up: a single-key request gets only the default 50 ms, which a
+    // loaded machine can overrun; every request here names 1,000 keys.
+    let (holder, waiter) = (default_timeouts(), default_timeouts());
+    for trial in 0..3 {
+        let set = names(&format!("contended-{trial}"), MAX_RESOURCES);
+        let lock = holder.try_lock_many(&refs(&set), TTL).await.expect("lock");
+        let waiting = {
+            let (waiter, set) = (waiter.clone(), set.clone());
+            tokio::spawn(async move {
+                let lock = waiter.lock_many_within(&refs(&set), TTL, TTL * 2).await?;
+                Ok::<_, Error>(lock.token().to_owned())
+            })
+        };
+        // Until it was refused, subscribed and registered on every key on
+        // every node (each key's waiting hash is its name, 0xFF, `waiters`).
+        let mut exists = redis::cmd("EXISTS");
+        for name in &set {
+            exists.arg([name.as_bytes(), b"\xffwaiters"].concat());
+        }
+        let registered = |c: &Cluster| {
+            (0..3).all(|i| {
+                exists
+                    .query::<usize>(&mut c.conn(i))
+                    .is_ok_and(|n| n == MAX_RESOURCES)
+            })
+        };
+        // A node whose registration did not come through (its pipeline is
+        // bounded by a second) wakes every manager instead: still waiting.
+        let named = cluster.eventually(Duration::from_secs(5), registered);
+        let lock = holder.extend(&lock, TTL).await.expect("extend");
+        let fence = holder.fencing_token(&lock).await.expect("fencing token");
+        assert!(fence >= 1);
+        let started = Instant::now();
+        let unlocked = holder.unlock(&lock).await;
+        eprintln!(
+            "trial {trial} (registered on every node: {named}): unlock in {:?}: {unlocked:?}, {} pending",
+            started.elapsed(),
+            holder.pending_releases()
+        );
+        assert_eq!(unlocked.expect("unlock with a contender waiting"), 3);
+        let token = tokio::time::timeout(TTL, waiting)
+            .await
+            .expect("the waiter ends")
+            .expect("the waiter's task")
+            .expect("the waiter takes the set");
+        assert!(
+            cluster.eventually(Duration::from_secs(2), |c| c.count(&set[999], &token) >= 2),
+            "the waiter holds the set"
+        );
+        assert_eq!(holder.pending_releases(), 0);
+    }
+}
+
+/// A release that a node did not answer is owed to it once per lock, not
+/// once per key (1,000 entries for a lock on 1,000 resources before), and
+/// the retry releases the whole set when the node is back, after the set's
+/// `SET` that was still queued on that node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unanswered_release_of_a_set_is_owed_once() {
+    let mut cluster = Cluster::start(3);
+    let redlock = cluster
+        .builder()
+        .node_timeout(Duration::from_millis(200))
+        .build()
+        .expect("valid");
+    redlock_harness::warm(&redlock).await;
+    let set = names("owed", MAX_RESOURCES);
+    cluster.node(2).pause();
+    let lock = redlock.try_lock_many(&refs(&set), TTL).await.expect("lock");
+    let unlocked = redlock.unlock(&lock).await;
+    let owed = redlock.pending_releases();
+    cluster.node(2).resume();
+    assert_eq!(unlocked.expect("released on a quorum"), 2);
+    assert_eq!(owed, 1, "one release owed, for the lock");
+    assert!(
+        cluster.eventually(Duration::from_secs(5), |_| redlock.pending_releases() == 0),
+        "{} still owed",
+        redlock.pending_releases()
+    );
+    assert!(
+        cluster.eventually(Duration::from_secs(2), |c| {
+            [&set[0], &set[500], &set[999]]
+                .iter()
+                .all(|n| c.values(n) == vec![None; 3])
+        }),
+        "the set is released on the node that was paused"
+    );
+}

@@ -1,0 +1,163 @@
+//! One manager used from several Tokio runtimes, against real
+//! `redis-server` nodes that are paused (SIGSTOP) and resumed: a failure on
+//! one runtime keeps another runtime's connection, a release sent from
+//! another runtime is queued behind the lock's `SET` on the node, and the
+//! releases owed when a runtime ends are still retried.
+
+use std::time::{Duration, Instant};
+
+use redlock_harness::{Cluster, resource};
+use redlock_quorum::Redlock;
+
+fn multi_thread() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime")
+}
+
+fn current_thread() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime")
+}
+
+fn manager(cluster: &Cluster) -> Redlock {
+    cluster
+        .builder()
+        .node_timeout(Duration::from_millis(100))
+        .connect_timeout(Duration::from_millis(300))
+        .build()
+        .expect("valid")
+}
+
+/// `total_connections_received` of the node behind `conn`.
+fn connections_received(conn: &mut redis::Connection) -> u64 {
+    let info: String = redis::cmd("INFO").arg("stats").query(conn).expect("INFO");
+    info.lines()
+        .find_map(|l| l.strip_prefix("total_connections_received:"))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("total_connections_received")
+}
+
+/// Lock on one runtime while a node is paused, unlock on another, keep the
+/// node paused for twice the ttl, resume it. Before: the unlock's
+/// connection attempt on the second runtime timed out and its failure path
+/// dropped the first runtime's connection; the owed release's worker died
+/// with the second runtime; the node then ran the lock's queued `SET` and
+/// kept the key with a fresh ttl (PTTL 697 ms 300 ms after the resume), and
+/// `pending_releases()` never went down. Now the unlock rides the first
+/// (multi-thread, running) runtime's connection, queued behind that `SET`.
+#[test]
+fn a_release_from_another_runtime_follows_the_locks_set_on_a_paused_node() {
+    let mut cluster = Cluster::start(3);
+    let redlock = manager(&cluster);
+    let ttl = Duration::from_secs(1);
+    let first = multi_thread();
+    first.block_on(redlock_harness::warm(&redlock));
+    for round in 0..2 {
+        let name = resource(&format!("two-runtimes-{round}"));
+        cluster.node(2).pause();
+        let paused = Instant::now();
+        let lock = first
+            .block_on(redlock.try_lock(&name, ttl))
+            .expect("granted by two nodes");
+        let second = current_thread();
+        let released = second.block_on(redlock.unlock(&lock)).expect("unlock");
+        drop(second);
+        assert_eq!(released, 2);
+        std::thread::sleep((ttl * 2).saturating_sub(paused.elapsed()));
+        cluster.node(2).resume();
+        std::thread::sleep(Duration::from_millis(300));
+        let pttl: i64 = redis::cmd("PTTL")
+            .arg(&name)
+            .query(&mut cluster.conn(2))
+            .expect("PTTL");
+        assert_eq!(
+            pttl, -2,
+            "round {round}: the key is back on the resumed node with a fresh ttl"
+        );
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while redlock.pending_releases() > 0 {
+            assert!(
+                Instant::now() < deadline,
+                "round {round}: {} releases still owed",
+                redlock.pending_releases()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+/// A release owed from a runtime that then ends is retried anyway. Before:
+/// its worker task was dropped with the runtime, and the release stayed
+/// owed (48 of them for 30 s) while the key stayed for its whole ttl.
+#[test]
+fn a_release_owed_from_a_runtime_that_ended_is_still_retried() {
+    let mut cluster = Cluster::start(3);
+    let redlock = manager(&cluster);
+    let ttl = Duration::from_secs(30);
+    let name = resource("runtime-ended");
+    let runtime = current_thread();
+    runtime.block_on(redlock_harness::warm(&redlock));
+    let lock = runtime
+        .block_on(redlock.try_lock(&name, ttl))
+        .expect("lock");
+    cluster.node(2).pause();
+    let released = runtime.block_on(redlock.unlock(&lock)).expect("unlock");
+    assert_eq!(released, 2);
+    assert_eq!(redlock.pending_releases(), 1);
+    drop(runtime);
+    cluster.node(2).resume();
+    let resumed = Instant::now();
+    assert!(
+        cluster.eventually(Duration::from_secs(10), |c| {
+            redlock.pending_releases() == 0 && c.value_on(2, &name).is_none()
+        }),
+        "after {:?}: {} owed, node 2 holds {:?} (ttl {ttl:?})",
+        resumed.elapsed(),
+        redlock.pending_releases(),
+        cluster.value_on(2, &name)
+    );
+}
+
+/// A connection attempt that fails on one runtime leaves another runtime's
+/// connection alone. Before: the failure path dropped it, and that runtime
+/// connected again (and lost the ordering behind its queued requests).
+#[test]
+fn a_failed_connection_on_one_runtime_keeps_anothers() {
+    let mut cluster = Cluster::start(3);
+    let redlock = manager(&cluster);
+    // Current-thread runtimes: neither shares its connection.
+    let first = current_thread();
+    first.block_on(redlock_harness::warm(&redlock));
+    cluster.node(2).pause();
+    let second = current_thread();
+    second.block_on(async {
+        let lock = redlock
+            .try_lock(&resource("other-runtime"), Duration::from_secs(5))
+            .await
+            .expect("granted by two nodes");
+        let _ = redlock.unlock(&lock).await;
+    });
+    drop(second);
+    cluster.node(2).resume();
+    // Let the node accept and drop what the paused attempts left.
+    std::thread::sleep(Duration::from_millis(300));
+    let mut node = cluster.conn(2);
+    let before = connections_received(&mut node);
+    first.block_on(async {
+        let lock = redlock
+            .try_lock(&resource("first-runtime"), Duration::from_secs(5))
+            .await
+            .expect("lock");
+        assert_eq!(redlock.unlock(&lock).await.expect("unlock"), 3);
+    });
+    assert_eq!(
+        connections_received(&mut node) - before,
+        0,
+        "the first runtime connected again"
+    );
+}
