@@ -28,26 +28,23 @@ fn main() {
         ),
         "random5" => (Cfg::all_faults(5), random, None),
         "direct-extend" => (Cfg { liveness: false, ..Cfg::direct_extend() }, Search::Bfs, None),
-        "direct-extend-live" => (Cfg { max_time: 1, ..Cfg::direct_extend() }, Search::Bfs, None),
-        "extend-no-recheck" => (
-            Cfg::extend_without_recheck(),
-            Search::Bfs,
-            Some("tenure continuity"),
-        ),
-        "extend-recheck-small" => (
-            Cfg { extend_recheck: true, ..Cfg::extend_without_recheck() },
+        "direct-extend-live" => (Cfg { max_time: 1, losses: 1, ..Cfg::direct_extend() }, Search::Bfs, None),
+        "direct-extend-loss" => (
+            Cfg { max_time: 2, losses: 1, liveness: false, ..Cfg::direct_extend() },
             Search::Bfs,
             None,
         ),
+        "extend-no-recheck" => (Cfg::extend_without_recheck(), Search::Bfs, Some("tenure continuity")),
         "multi" => (Cfg { liveness: false, ..Cfg::multi() }, Search::Bfs, None),
         "multi-live" => (Cfg { max_time: 1, ..Cfg::multi() }, Search::Bfs, None),
         "multi-direct" => (
-            Cfg { liveness: false, watchdog: false, ..Cfg::multi() },
+            Cfg { watchdog: false, losses: 0, liveness: false, ..Cfg::multi() },
             Search::Bfs,
             None,
         ),
+        "multi-direct-loss" => (Cfg { watchdog: false, liveness: false, ..Cfg::multi() }, Search::Bfs, None),
         "multi3" => (
-            Cfg { clients: 3, keys: vec![0b01, 0b11, 0b10], liveness: false, ..Cfg::multi() },
+            Cfg { clients: 3, keys: vec![0b01, 0b11, 0b10], max_time: 3, liveness: false, ..Cfg::multi() },
             random,
             None,
         ),
@@ -61,6 +58,22 @@ fn main() {
         ),
         _ => (Cfg::quick(), Search::Bfs, None),
     };
+    // Overrides for measuring sizes: TICKS (max_time), SYMMETRY (0 or 1),
+    // LOSSES, EXTENDS (budgets).
+    let env = |name: &str| std::env::var(name).ok().and_then(|v| v.parse::<u8>().ok());
+    let mut cfg = cfg;
+    if let Some(t) = env("TICKS") {
+        cfg.max_time = t;
+    }
+    if let Some(v) = env("SYMMETRY") {
+        cfg.symmetry = v == 1;
+    }
+    if let Some(v) = env("LOSSES") {
+        cfg.losses = v;
+    }
+    if let Some(v) = env("EXTENDS") {
+        cfg.extends = v;
+    }
     println!("{mode}: {cfg:?}");
     let r = check(cfg, search, 2, stop);
     let stopped = stop.is_some_and(|p| r.found(p).is_some());
