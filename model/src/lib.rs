@@ -14,9 +14,11 @@
 //! README.md).
 //!
 //! Properties (see [`LockModel::properties`]):
-//! - `mutual exclusion`: at no instant do two clients believe they hold the
-//!   lock (a client believes while its clock is before its `expires_at`
-//!   and it has not released);
+//! - `mutual exclusion`: at no instant do two clients whose locks share a
+//!   key believe they hold them (a client believes while its clock is
+//!   before its `expires_at` and it has not released); each node has two
+//!   lock keys, and a client locks one or a set of them (multi-resource
+//!   locks, `Cfg::keys`);
 //! - `fencing tokens increase`: every fencing token issued is larger than
 //!   every token issued before it;
 //! - `tenure continuity`: a client never believes it holds while another
