@@ -457,18 +457,28 @@ impl Redlock {
     /// quorum answered that the key is not ours, the keys this extension set
     /// again are released.
     ///
+    /// The lock's validity is checked again when the round ends: an
+    /// extension that ends after the lock passed in expired fails with
+    /// [`Error::NotHeld`], whatever the nodes answered, because another
+    /// client may have held the resource in between. The lock is over then,
+    /// and the extension releases the keys of its token on every node, so
+    /// that the keys it renewed do not keep others out for a fresh ttl. (An
+    /// [adopted](Redlock::adopt) lock has no validity of its own and is not
+    /// checked.)
+    ///
     /// # Errors
-    /// [`Error::NotHeld`] when the lock's validity has already run out or a
-    /// quorum answered that the key is not ours; [`Error::NoQuorum`] when
+    /// [`Error::NotHeld`] when the lock's validity has already run out,
+    /// before the extension or while it ran, or a quorum answered that the
+    /// key is not ours; [`Error::NoQuorum`] when
     /// too few nodes answered for either (a paused or partitioned node: the
     /// lock may still be ours, try again); [`Error::Redis`];
     /// [`Error::ValidityExpired`] when the quorum came too late; the ttl
     /// errors as for `lock`.
     ///
     /// # Cancel safety
-    /// Cancel-safe: dropping the future leaves each node extended, healed or
-    /// as it was, and the lock passed in stays valid until its own
-    /// `expires_at`.
+    /// Cancel-safe: dropping the future leaves each node extended, healed,
+    /// released (after the lock expired) or as it was, and the lock passed
+    /// in stays valid until its own `expires_at`.
     pub async fn extend(&self, lock: &Lock, ttl: Duration) -> Result<Lock, Error> {
         let span = trace::span!("extend", resource = %lock.label(), ?ttl);
         self.extend_inner(lock, ttl).in_span(span).await
@@ -506,7 +516,33 @@ impl Redlock {
             healed.sort_unstable();
             healed.dedup();
         }
-        match self.grant(&lock.resource, &lock.key, &lock.token, ttl, start, tally) {
+        let granted = self.grant(&lock.resource, &lock.key, &lock.token, ttl, start, tally);
+        // The re-check at the grant: a round that ends after the lock's
+        // validity ran out must not bring the lock back. Between its
+        // `expires_at` and now another client may have taken the resource,
+        // used it and released it, while some of our keys lived on (a node
+        // clock running slow, a request that landed late, or keys this
+        // round set again); a quorum of "ours" now says nothing about the
+        // time in between. The lock is over: every key this round renewed
+        // or set again would only keep others out for a fresh ttl, so the
+        // keys of our token are released on every node (token-checked, and
+        // after the round's requests still in flight on each node).
+        // An adopted lock has no validity of its own to outlive.
+        if !lock.adopted && !lock.is_valid() {
+            release_on(
+                &self.inner,
+                None,
+                &lock.key_list(),
+                &lock.token,
+                ttl.key_expiry(start).max(lock.key_expiry),
+                &in_flight,
+            )
+            .await;
+            return Err(Error::NotHeld {
+                resource: lock.label().into_owned(),
+            });
+        }
+        match granted {
             Ok(mut extended) => {
                 extended.in_flight = in_flight;
                 extended.rest = lock.rest.clone();

@@ -14,9 +14,11 @@
 //! README.md).
 //!
 //! Properties (see [`LockModel::properties`]):
-//! - `mutual exclusion`: at no instant do two clients believe they hold the
-//!   lock (a client believes while its clock is before its `expires_at`
-//!   and it has not released);
+//! - `mutual exclusion`: at no instant do two clients whose locks share a
+//!   key believe they hold them (a client believes while its clock is
+//!   before its `expires_at` and it has not released); each node has two
+//!   lock keys, and a client locks one or a set of them (multi-resource
+//!   locks, `Cfg::keys`);
 //! - `fencing tokens increase`: every fencing token issued is larger than
 //!   every token issued before it;
 //! - `tenure continuity`: a client never believes it holds while another
@@ -71,6 +73,18 @@ pub struct Cfg {
     /// false, a direct `Redlock::extend` may finish after the lock it was
     /// called with expired.
     pub watchdog: bool,
+    /// The grant of an extension re-checks the lock's validity when the
+    /// round ends (`Redlock::extend_inner`): a round that ends after the
+    /// lock's `expires_at` fails and releases the lock's keys everywhere.
+    /// `false` is the rule before issue 21 (validity checked only before the
+    /// round), kept for the planted-violation test.
+    pub extend_recheck: bool,
+    /// The lock keys of each client, as a bit mask over the keys K0 and K1
+    /// (`KEYS`): 0b01 a lock on K0 (`lock`), 0b11 a lock on the set
+    /// {K0, K1} (`lock_many`, scripts `ACQUIRE_MANY` / `EXTEND_MANY` /
+    /// `UNLOCK_MANY`). A client not listed locks K0: an empty list is the
+    /// single-resource model.
+    pub keys: Vec<u8>,
     /// Nodes start without a generation marker (a brand-new cluster);
     /// otherwise every node starts with an old marker.
     pub fresh_cluster: bool,
@@ -111,6 +125,8 @@ impl Cfg {
             fencing: Fencing::Generation,
             fast_clocks: true,
             watchdog: true,
+            extend_recheck: true,
+            keys: Vec::new(),
             fresh_cluster: false,
             max_time: 3,
             attempts: 1,
@@ -214,6 +230,67 @@ impl Cfg {
         }
     }
 
+    /// Issue 21, item 10: an extend per client called directly, so that
+    /// no watchdog drops the lock at `expires_at` while the round runs and
+    /// a round may end after the lock expired. Sizes for CI: `quick`
+    /// without fencing and without data loss, 3 ticks. (With `quick`'s
+    /// fencing and its data loss, an extend per client did not finish at 2
+    /// ticks in 8 GB here; the fencing token is issued only within
+    /// validity, and an extension does not touch the counters. The data
+    /// loss is checked at 2 ticks: `cargo run --release --
+    /// direct-extend-loss`.)
+    pub fn direct_extend() -> Self {
+        Cfg {
+            watchdog: false,
+            extends: 1,
+            fencing: Fencing::Off,
+            fences: 0,
+            losses: 0,
+            ..Cfg::quick()
+        }
+    }
+
+    /// Negative model (planted violation): [`Cfg::direct_extend`] with the
+    /// grant rule before issue 21 (validity checked only before the
+    /// round), 2 ticks. Node symmetry on (traces renumber nodes; run it
+    /// with `SYMMETRY=0 cargo run --release -- extend-no-recheck` for a
+    /// readable one).
+    pub fn extend_without_recheck() -> Self {
+        Cfg {
+            extend_recheck: false,
+            max_time: 2,
+            liveness: false,
+            ..Cfg::direct_extend()
+        }
+    }
+
+    /// Multi-resource locks: client 0 locks K0, client 1 the set {K0, K1}
+    /// (a single lock and a set sharing a key), each with an acquisition
+    /// and an extension (by the watchdog), the data loss of `quick`, 2
+    /// ticks. No fencing: `FENCE_READ_MANY` is not modeled (the fencing
+    /// counters are being redesigned, issue 21 item 7).
+    pub fn multi() -> Self {
+        Cfg {
+            keys: vec![0b01, 0b11],
+            fencing: Fencing::Off,
+            fences: 0,
+            extends: 1,
+            max_time: 2,
+            ..Cfg::quick()
+        }
+    }
+
+    /// The keys client `c` locks (a bit mask over `KEYS`).
+    pub fn mask(&self, c: usize) -> u8 {
+        self.keys.get(c).copied().unwrap_or(1)
+    }
+
+    /// Whether the locks of clients `c` and `d` share a key (and so must
+    /// exclude each other).
+    pub fn conflict(&self, c: usize, d: usize) -> bool {
+        self.mask(c) & self.mask(d) != 0
+    }
+
     pub fn quorum(&self) -> usize {
         self.nodes / 2 + 1
     }
@@ -229,19 +306,36 @@ impl Cfg {
 /// data-losing restart loses it; the first request after it creates a new
 /// one. `born` is `None` once the marker is older than `max_ttl` (it never
 /// becomes young again), which keeps the state space small.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Gen {
     pub id: u8,
     pub born: Option<u8>,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+/// The lock keys a node has (K0 and K1).
+pub const KEYS: usize = 2;
+
+/// The keys of a mask.
+fn each(mask: u8) -> impl Iterator<Item = usize> {
+    (0..KEYS).filter(move |k| mask >> k & 1 == 1)
+}
+
+/// The first key of `mask` that holds another token than `tok`, if any.
+fn held_by_other(n: &Node, mask: u8, tok: u8) -> Option<u8> {
+    each(mask).find_map(|k| match n.keys[k] {
+        Some((t, _)) if t != tok => Some(t),
+        _ => None,
+    })
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Node {
     pub up: bool,
-    /// The lock key: (token, the instant it expires on a node clock that
-    /// runs at the clients' rate; it may expire up to `drift` ticks
-    /// earlier, see `Action::Expire`).
-    pub key: Option<(u8, u8)>,
+    /// The lock keys K0 and K1: (token, the instant it expires on a node
+    /// clock that runs at the clients' rate; it may expire up to `drift`
+    /// ticks earlier, see `Action::Expire`). Single-resource runs use K0
+    /// only.
+    pub keys: [Option<(u8, u8)>; KEYS],
     /// The fencing counter: (value, generation it was written in).
     pub fence: Option<(u8, u8)>,
     pub generation: Option<Gen>,
@@ -275,7 +369,7 @@ pub struct Reply {
     pub young: bool,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Ans {
     Pending,
     /// Timed out, lost, or the node was down.
@@ -351,9 +445,9 @@ pub struct State {
 pub enum Action {
     /// Real time advances one tick; every clock with it.
     Tick,
-    /// Node `n`'s clock runs fast: its key expires now, up to `drift`
+    /// Node `n`'s clock runs fast: its key `k` expires now, up to `drift`
     /// ticks before `ttl` has passed at the clients' rate.
-    Expire(u8),
+    Expire(u8, u8),
     /// Node `n`'s clock runs fast: its generation marker is older than
     /// max_ttl on its clock up to `drift` ticks early.
     Age(u8),
@@ -426,36 +520,50 @@ impl LockModel {
             // keeps `born` until it is old.
         }
         let gen_id = n.generation.as_ref().map_or(0, |g| g.id);
-        let ours = |n: &Node, tok: u8| matches!(n.key, Some((t, _)) if t == tok);
+        // The keys of the sender's lock: one, or a set.
+        let mask = self.cfg.mask(m.client as usize);
+        let ours = |n: &Node, tok: u8| each(mask).all(|k| matches!(n.keys[k], Some((t, _)) if t == tok));
         let kind = match m.body {
-            // `SET key token NX PX ttl GET` (redlock.rs `round_once`,
-            // scripts.rs `read_set`): nil or our own token is agreement.
-            Body::Set(tok) => match n.key {
+            // One key: `SET key token NX PX ttl GET` (redlock.rs
+            // `round_once`, scripts.rs `read_set`): nil or our own token is
+            // agreement, and our own key keeps its expiry. A set: scripts.rs
+            // `ACQUIRE_MANY`: a key held by another token refuses and sets
+            // nothing; otherwise every key is set with the ttl, ours too.
+            Body::Set(tok) => match held_by_other(n, mask, tok) {
+                Some(t) => Kind::Held(t),
                 None => {
-                    n.key = Some((tok, now + ttl));
+                    let single = mask.count_ones() == 1;
+                    for k in each(mask) {
+                        if !(single && n.keys[k].is_some()) {
+                            n.keys[k] = Some((tok, now + ttl));
+                        }
+                    }
                     Kind::Ok
                 }
-                Some((t, _)) if t == tok => Kind::Ok,
-                Some((t, _)) => Kind::Held(t),
             },
-            // scripts.rs `EXTEND`: ours → pexpire, 1; missing → set again,
-            // 2; another holder → 0.
-            Body::Extend(tok) => match n.key {
-                Some((t, _)) if t == tok => {
-                    n.key = Some((tok, now + ttl));
-                    Kind::Ok
+            // scripts.rs `EXTEND` / `EXTEND_MANY`: a key held by another
+            // token → 0, nothing changed; otherwise every key is set to ours
+            // with the ttl: 1 when each was ours, 2 when any was missing
+            // (set again, "healed").
+            Body::Extend(tok) => {
+                if held_by_other(n, mask, tok).is_some() {
+                    Kind::NotOurs
+                } else {
+                    let missing = each(mask).any(|k| n.keys[k].is_none());
+                    for k in each(mask) {
+                        n.keys[k] = Some((tok, now + ttl));
+                    }
+                    if missing { Kind::Healed } else { Kind::Ok }
                 }
-                None => {
-                    n.key = Some((tok, now + ttl));
-                    Kind::Healed
-                }
-                Some(_) => Kind::NotOurs,
-            },
-            // scripts.rs `UNLOCK`: token-checked delete. No reply is
-            // modeled: the client stops believing when it sends it.
+            }
+            // scripts.rs `UNLOCK` / `UNLOCK_MANY`: token-checked delete of
+            // each key. No reply is modeled: the client stops believing
+            // when it sends it.
             Body::Unlock(tok) => {
-                if ours(n, tok) {
-                    n.key = None;
+                for k in each(mask) {
+                    if matches!(n.keys[k], Some((t, _)) if t == tok) {
+                        n.keys[k] = None;
+                    }
                 }
                 return None;
             }
@@ -538,11 +646,12 @@ impl LockModel {
     /// are there for).
     fn release(&self, s: &mut State, _c: usize, tok: u8, only: Option<&[usize]>) {
         for (i, n) in s.nodes.iter_mut().enumerate() {
-            if n.up
-                && only.is_none_or(|o| o.contains(&i))
-                && matches!(n.key, Some((t, _)) if t == tok)
-            {
-                n.key = None;
+            if n.up && only.is_none_or(|o| o.contains(&i)) {
+                for key in &mut n.keys {
+                    if matches!(key, Some((t, _)) if *t == tok) {
+                        *key = None;
+                    }
+                }
             }
         }
     }
@@ -635,6 +744,21 @@ impl LockModel {
                         .filter(|&i| matches!(ans[i], Ans::Got(Reply { kind: Kind::Healed, .. })))
                         .collect();
                     let pending = ans.iter().filter(|a| **a == Ans::Pending).count();
+                    // `Tally::decided` for an owned round.
+                    let decided = pending == 0
+                        || (granted + pending < q
+                            && healed.is_empty()
+                            && (refused >= q || refused + pending < q));
+                    if cfg.extend_recheck && now >= exp && (granted >= q || decided) {
+                        // The re-check at the grant (`extend_inner`): the
+                        // round ended after the lock's validity. Another
+                        // client may have held in between; the lock is over,
+                        // and the keys of its token are released on every
+                        // node (the extension reports `NotHeld`).
+                        s.clients[c].phase = Phase::Idle;
+                        self.release(s, c, tok, None);
+                        return;
+                    }
                     if granted >= q {
                         let new_exp = start + cfg.ttl - cfg.drift;
                         let exp = if now < new_exp { new_exp } else { exp };
@@ -645,11 +769,6 @@ impl LockModel {
                         };
                         return;
                     }
-                    // `Tally::decided` for an owned round.
-                    let decided = pending == 0
-                        || (granted + pending < q
-                            && healed.is_empty()
-                            && (refused >= q || refused + pending < q));
                     if !decided {
                         return;
                     }
@@ -812,7 +931,7 @@ impl LockModel {
     fn apply(&self, s: &mut State, a: &Action) {
         match a {
             Action::Tick => self.tick(s),
-            Action::Expire(n) => s.nodes[*n as usize].key = None,
+            Action::Expire(n, k) => s.nodes[*n as usize].keys[*k as usize] = None,
             Action::Age(n) => {
                 if let Some(g) = &mut s.nodes[*n as usize].generation {
                     g.born = None;
@@ -820,7 +939,8 @@ impl LockModel {
             }
             Action::Acquire(c) => self.acquire(s, *c as usize),
             Action::Extend(c) => {
-                // `Redlock::extend` from the watchdog.
+                // `Redlock::extend`: from the watchdog, or called directly
+                // (`Cfg::watchdog` false), while the lock is valid.
                 let c = *c as usize;
                 let Phase::Holding { tok, exp, .. } = s.clients[c].phase else {
                     unreachable!()
@@ -914,7 +1034,7 @@ impl LockModel {
             Action::Lose(n) => {
                 s.losses += 1;
                 let node = &mut s.nodes[*n as usize];
-                node.key = None;
+                node.keys = [None; KEYS];
                 node.fence = None;
                 node.generation = None;
                 s.net.retain(|m| m.node != *n);
@@ -926,8 +1046,10 @@ impl LockModel {
     /// replies no round waits for are gone (delivering them is a no-op).
     fn normalize(&self, s: &mut State) {
         for n in &mut s.nodes {
-            if matches!(n.key, Some((_, exp)) if s.now >= exp) {
-                n.key = None;
+            for key in &mut n.keys {
+                if matches!(key, Some((_, exp)) if s.now >= *exp) {
+                    *key = None;
+                }
             }
             if let (Some(g), Some(max_ttl)) = (&mut n.generation, self.cfg.guard)
                 && let Some(b) = g.born
@@ -948,7 +1070,7 @@ impl LockModel {
                 Body::Set(t) | Body::Extend(t) => Some(t),
                 _ => None,
             })
-            .chain(nodes.iter().filter_map(|n| n.key.map(|(t, _)| t)))
+            .chain(nodes.iter().flat_map(|n| n.keys.iter().filter_map(|k| k.map(|(t, _)| t))))
             .collect();
         s.net.retain(|m| match m.body {
             Body::FenceRead(_) => {
@@ -966,7 +1088,8 @@ impl LockModel {
         // Tenure continuity history.
         for c in 0..s.clients.len() {
             if matches!(s.clients[c].phase, Phase::Holding { .. })
-                && (0..s.clients.len()).any(|d| d != c && self.believes(s, d))
+                && (0..s.clients.len())
+                    .any(|d| d != c && self.cfg.conflict(c, d) && self.believes(s, d))
             {
                 s.clients[c].overlap = true;
             }
@@ -1050,8 +1173,10 @@ impl LockModel {
             if !n.up {
                 out.push_str("down ");
             }
-            if let Some((t, e)) = n.key {
-                let _ = write!(out, " key=tok{t}@{e}");
+            for (k, key) in n.keys.iter().enumerate() {
+                if let Some((t, e)) = key {
+                    let _ = write!(out, " K{k}=tok{t}@{e}");
+                }
             }
             if let Some((v, g)) = n.fence {
                 let _ = write!(out, " fence={v}/g{g}");
@@ -1154,12 +1279,12 @@ fn canonical(s: &mut State) {
             .map(|m| (m.client, m.rid, m.body.clone()))
             .collect();
         msgs.sort();
-        let ans: Vec<Option<Ans>> = s
+        let ans: Vec<Option<&Ans>> = s
             .clients
             .iter()
-            .map(|c| answers(&c.phase).map(|a| a[i].clone()))
+            .map(|c| answers(&c.phase).map(|a| &a[i]))
             .collect();
-        (format!("{:?}", s.nodes[i]), msgs, format!("{ans:?}"))
+        (&s.nodes[i], msgs, ans)
     };
     let mut order: Vec<usize> = (0..n).collect();
     let sigs: Vec<_> = (0..n).map(sig).collect();
@@ -1218,7 +1343,7 @@ impl Model for LockModel {
         let cfg = &self.cfg;
         let node = Node {
             up: true,
-            key: None,
+            keys: [None; KEYS],
             fence: None,
             generation: if cfg.fresh_cluster {
                 None
@@ -1258,8 +1383,10 @@ impl Model for LockModel {
         for (i, n) in s.nodes.iter().enumerate() {
             let i = i as u8;
             if cfg.fast_clocks {
-                if matches!(n.key, Some((_, exp)) if s.now + cfg.drift >= exp) {
-                    out.push(Action::Expire(i));
+                for (k, key) in n.keys.iter().enumerate() {
+                    if matches!(key, Some((_, exp)) if s.now + cfg.drift >= *exp) {
+                        out.push(Action::Expire(i, k as u8));
+                    }
                 }
                 if let (Some(Gen { born: Some(b), .. }), Some(max_ttl)) = (&n.generation, cfg.guard)
                     && s.now + cfg.drift >= b + max_ttl
@@ -1273,7 +1400,8 @@ impl Model for LockModel {
             if !n.up {
                 out.push(Action::Restart(i));
             }
-            if s.losses < cfg.losses && (n.key.is_some() || n.fence.is_some() || n.generation.is_some())
+            if s.losses < cfg.losses
+                && (n.keys.iter().any(Option::is_some) || n.fence.is_some() || n.generation.is_some())
             {
                 out.push(Action::Lose(i));
             }
@@ -1330,8 +1458,14 @@ impl Model for LockModel {
 
     fn properties(&self) -> Vec<Property<Self>> {
         let mut p = vec![
+            // Clients whose locks share a key (a single lock and a set
+            // containing it, or two overlapping sets) never believe at once.
             Property::always("mutual exclusion", |m: &LockModel, s: &State| {
-                (0..m.cfg.clients).filter(|&c| m.believes(s, c)).count() <= 1
+                let n = m.cfg.clients;
+                (0..n).all(|c| {
+                    !m.believes(s, c)
+                        || (c + 1..n).all(|d| !(m.cfg.conflict(c, d) && m.believes(s, d)))
+                })
             }),
             Property::always("tenure continuity", |m: &LockModel, s: &State| {
                 (0..m.cfg.clients).all(|c| !(s.clients[c].overlap && m.believes(s, c)))
@@ -1340,6 +1474,14 @@ impl Model for LockModel {
                 (0..m.cfg.clients).any(|c| m.believes(s, c))
             }),
         ];
+        if (0..self.cfg.clients).any(|c| self.cfg.mask(c).count_ones() > 1) {
+            p.push(Property::sometimes(
+                "a set lock is granted",
+                |m: &LockModel, s: &State| {
+                    (0..m.cfg.clients).any(|c| m.cfg.mask(c).count_ones() > 1 && m.believes(s, c))
+                },
+            ));
+        }
         if self.cfg.fencing != Fencing::Off {
             p.push(Property::always(
                 "fencing tokens increase",
@@ -1364,6 +1506,8 @@ pub struct Run {
     pub unique_states: usize,
     pub max_depth: usize,
     pub seconds: f64,
+    /// Every reachable state was visited (BFS only): false when the search
+    /// stopped at its first counterexample or at a bound.
     pub exhausted: bool,
     /// Property name → counterexample (for `always`) or witness (for
     /// `sometimes`) as text.
@@ -1402,11 +1546,21 @@ pub fn check(cfg: Cfg, search: Search, threads: usize, stop_at: Option<&'static 
     if let Some(name) = stop_at {
         builder = builder.finish_when(stateright::HasDiscoveries::AnyOf([name].into()));
     }
+    let properties = model.properties().len();
     let (unique_states, max_depth, disc, exhausted) = match search {
         Search::Bfs => {
             let c = builder.spawn_bfs().join();
-            let done = c.is_done();
-            (c.unique_state_count(), c.max_depth(), c.discoveries(), done)
+            let disc = c.discoveries();
+            // `is_done` is also true when the search stopped because its
+            // finishing condition was met (the property of `stop_at` has a
+            // discovery, or by default every property has one): that run
+            // did not visit every state.
+            let stopped = match stop_at {
+                Some(name) => disc.contains_key(name),
+                None => disc.len() == properties,
+            };
+            let done = c.is_done() && !stopped;
+            (c.unique_state_count(), c.max_depth(), disc, done)
         }
         Search::Dfs { max_depth } => {
             let c = builder.target_max_depth(max_depth).spawn_dfs().join();

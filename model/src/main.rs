@@ -4,7 +4,12 @@
 //! `three-clients` (3 nodes, 3 clients, 3 ticks, safety only, random walks
 //! for SECONDS),
 //! `random3` / `random5` (every nemesis, random walks for SECONDS, default
-//! 120), and the negative models `no-guard`, `incr`, `no-generation`.
+//! 120), `direct-extend` (an extend called directly, no watchdog: issue
+//! 21's configuration, exhaustively; `direct-extend-live` with the liveness
+//! oracle at 1 tick), `multi` (a single lock and a set sharing a key;
+//! `multi-live`, `multi3` with a third client on K1 by random walks), and
+//! the negative models `no-guard`, `incr`, `no-generation`,
+//! `extend-no-recheck` (the extend grant before issue 21).
 use redlock_model::{check, Cfg, Fencing, Search};
 
 fn main() {
@@ -22,6 +27,27 @@ fn main() {
             None,
         ),
         "random5" => (Cfg::all_faults(5), random, None),
+        "direct-extend" => (Cfg { liveness: false, ..Cfg::direct_extend() }, Search::Bfs, None),
+        "direct-extend-live" => (Cfg { max_time: 1, losses: 1, ..Cfg::direct_extend() }, Search::Bfs, None),
+        "direct-extend-loss" => (
+            Cfg { max_time: 2, losses: 1, liveness: false, ..Cfg::direct_extend() },
+            Search::Bfs,
+            None,
+        ),
+        "extend-no-recheck" => (Cfg::extend_without_recheck(), Search::Bfs, Some("tenure continuity")),
+        "multi" => (Cfg { liveness: false, ..Cfg::multi() }, Search::Bfs, None),
+        "multi-live" => (Cfg { max_time: 1, ..Cfg::multi() }, Search::Bfs, None),
+        "multi-direct" => (
+            Cfg { watchdog: false, losses: 0, liveness: false, ..Cfg::multi() },
+            Search::Bfs,
+            None,
+        ),
+        "multi-direct-loss" => (Cfg { watchdog: false, liveness: false, ..Cfg::multi() }, Search::Bfs, None),
+        "multi3" => (
+            Cfg { clients: 3, keys: vec![0b01, 0b11, 0b10], max_time: 3, liveness: false, ..Cfg::multi() },
+            random,
+            None,
+        ),
         "no-guard" => (Cfg::no_guard(), Search::Bfs, Some("mutual exclusion")),
         "incr" => (Cfg::incr_no_write_back(), Search::Dfs { max_depth: 40 }, Some("fencing tokens increase")),
         "no-generation" => (Cfg::fencing_without_generations(), Search::Bfs, Some("fencing tokens increase")),
@@ -32,11 +58,32 @@ fn main() {
         ),
         _ => (Cfg::quick(), Search::Bfs, None),
     };
+    // Overrides for measuring sizes: TICKS (max_time), SYMMETRY (0 or 1),
+    // LOSSES, EXTENDS (budgets).
+    let env = |name: &str| std::env::var(name).ok().and_then(|v| v.parse::<u8>().ok());
+    let mut cfg = cfg;
+    if let Some(t) = env("TICKS") {
+        cfg.max_time = t;
+    }
+    if let Some(v) = env("SYMMETRY") {
+        cfg.symmetry = v == 1;
+    }
+    if let Some(v) = env("LOSSES") {
+        cfg.losses = v;
+    }
+    if let Some(v) = env("EXTENDS") {
+        cfg.extends = v;
+    }
     println!("{mode}: {cfg:?}");
     let r = check(cfg, search, 2, stop);
+    let stopped = stop.is_some_and(|p| r.found(p).is_some());
     println!(
-        "unique states {}, max depth {}, {:.1} s, exhausted: {}",
-        r.unique_states, r.max_depth, r.seconds, r.exhausted
+        "unique states {}, max depth {}, {:.1} s, exhausted: {}{}",
+        r.unique_states,
+        r.max_depth,
+        r.seconds,
+        r.exhausted,
+        if stopped { " (stopped at the first counterexample)" } else { "" }
     );
     for (name, trace) in &r.discoveries {
         println!("== {name}\n{trace}");

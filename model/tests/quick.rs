@@ -1,6 +1,8 @@
 //! The quick configuration for CI (`cd model && cargo test --release`):
-//! the positive model exhaustively at 3 nodes and 2 clients (3 ticks), and
-//! each negative model, which must fail with a printed counterexample.
+//! the positive model exhaustively at 3 nodes and 2 clients (3 ticks), an
+//! extend called directly (no watchdog) and multi-resource locks, each
+//! exhaustively, and each negative model, which must fail with a printed
+//! counterexample.
 //!
 //! The tests run one after another (one checker at a time: the machine has
 //! two cores): a single test function drives them all.
@@ -85,6 +87,104 @@ fn negatives() {
     assert!(run.exhausted);
     assert!(run.found("fencing tokens increase").is_none(), "{}", run.found("fencing tokens increase").unwrap());
     assert!(run.found("a fencing token is issued").is_some());
+    // Planted violation (issue 21, item 10): the extend grant before the
+    // fix, which checked the validity only before the round. A's extension
+    // starts while A is valid and ends after A's lock lapsed and B held and
+    // released; a quorum still says "ours", and A holds again with its old
+    // token.
+    must_fail(
+        "an extend called directly, validity not checked at the grant",
+        Cfg::extend_without_recheck(),
+        Search::Bfs,
+        "tenure continuity",
+    );
+}
+
+/// Every property that must hold, checked exhaustively, with the witnesses
+/// named.
+fn must_hold(name: &str, cfg: Cfg, witnesses: &[&str]) {
+    let run = check(cfg, Search::Bfs, 2, None);
+    report(name, &run);
+    assert!(run.exhausted, "{name}: checked exhaustively");
+    for p in SAFETY {
+        assert!(run.found(p).is_none(), "{name}: {p} fails:\n{}", run.found(p).unwrap());
+    }
+    for w in witnesses {
+        assert!(run.found(w).is_some(), "{name}: vacuous, no \"{w}\"");
+    }
+}
+
+/// Issue 21, item 10: an extend called directly, whose round may end after
+/// the lock expired, with the grant's re-check (the same schedule as the
+/// planted violation, one tick longer), and the liveness oracle with a
+/// data loss at 1 tick.
+fn direct_extend() {
+    must_hold(
+        "extend called directly (safety, 3 ticks)",
+        Cfg {
+            liveness: false,
+            ..Cfg::direct_extend()
+        },
+        &["a lock is granted"],
+    );
+    must_hold(
+        "extend called directly (liveness, 1 data loss, 1 tick)",
+        Cfg {
+            max_time: 1,
+            losses: 1,
+            ..Cfg::direct_extend()
+        },
+        &["a lock is granted"],
+    );
+}
+
+/// Multi-resource locks: a single lock on K0 and a set {K0, K1}, renewed by
+/// the watchdog (with a data loss) and extended directly; then three
+/// clients ({K0}, {K0, K1}, {K1}) by random walks.
+fn multi() {
+    let witnesses = ["a lock is granted", "a set lock is granted"];
+    must_hold(
+        "a single lock and a set sharing a key (safety, 1 data loss, 2 ticks)",
+        Cfg {
+            liveness: false,
+            ..Cfg::multi()
+        },
+        &witnesses,
+    );
+    must_hold(
+        "the same, extended directly (safety, 2 ticks)",
+        Cfg {
+            watchdog: false,
+            losses: 0,
+            liveness: false,
+            ..Cfg::multi()
+        },
+        &witnesses,
+    );
+    must_hold(
+        "a single lock and a set (liveness, 1 data loss, 1 tick)",
+        Cfg {
+            max_time: 1,
+            ..Cfg::multi()
+        },
+        &witnesses,
+    );
+    let run = check(
+        Cfg {
+            clients: 3,
+            keys: vec![0b01, 0b11, 0b10],
+            max_time: 3,
+            liveness: false,
+            ..Cfg::multi()
+        },
+        Search::Random { seed: 7, seconds: 5 },
+        2,
+        None,
+    );
+    report("three clients on {K0}, {K0, K1}, {K1}, random walks (5 s)", &run);
+    for p in SAFETY {
+        assert!(run.found(p).is_none(), "{p} fails:\n{}", run.found(p).unwrap());
+    }
 }
 
 fn five_nodes_random() {
@@ -104,5 +204,7 @@ fn five_nodes_random() {
 fn model_quick() {
     negatives();
     five_nodes_random();
+    direct_extend();
+    multi();
     positive_quick();
 }
