@@ -607,6 +607,7 @@ async fn validity_is_measured_from_the_start_of_the_round() {
     urls.extend_from_slice(&cluster.urls()[3..]);
     let redlock = Redlock::builder(urls.iter().map(String::as_str))
         .node_timeout(Duration::from_secs(5))
+        .connect_timeout(Duration::from_secs(10))
         .build()
         .unwrap();
     // Connections are made first, so that the call below is one round.
