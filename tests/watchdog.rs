@@ -480,11 +480,13 @@ async fn first_renewal_spread(
     }
     let redlock = redlock_quorum::Redlock::builder(proxies.iter().map(Proxy::url))
         .renew_concurrency(concurrency)
-        .node_timeout(Duration::from_millis(500))
+        .node_timeout(Duration::from_secs(2))
         .build()
         .unwrap();
     redlock_harness::warm(&redlock).await;
-    let ttl = Duration::from_millis(1500);
+    // long enough for six serial renewals through the latency on a loaded
+    // machine before the first guard's lock expires
+    let ttl = Duration::from_secs(3);
     // acquired without latency, so that their renewals fall due together
     let held: Vec<_> = futures::future::join_all((0..guards).map(|_| {
         let redlock = redlock.clone();
