@@ -1,14 +1,18 @@
 //! Negative controls: the fault suite's checker is shown to fail when it
-//! should. A planted violation (a node restarted at once without
-//! persistence under a lock held on a bare majority, a release by bare
-//! `DEL`) must be reported; without it, nothing may be.
+//! should, and only then. A planted violation (a node restarted at once
+//! without persistence under a lock held on a bare majority, a release by
+//! bare `DEL`, a stale write to a store that ignores fencing tokens) must be
+//! reported as a violation; a holder descheduled past its validity (the
+//! documented limit of a lease) must be reported as an overrun and not as a
+//! violation; without either, nothing may be.
 
 use std::sync::Arc;
+use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use redlock_harness::checker::Checker;
 use redlock_harness::fault::{self, builder, fault_secs, plan, run_workload};
-use redlock_harness::{Cluster, resource};
+use redlock_harness::{Cluster, RedisServer, resource};
 
 /// The contender processes of the bare-DEL control: this test binary, re-run
 /// by `fault::run_workload`.
@@ -39,14 +43,198 @@ async fn control_an_immediate_restart_without_persistence_lets_a_second_holder_i
         .await
         .expect("the forgotten lock lets b in");
     let second_granted = Instant::now();
+    // both enter the critical section while valid (the ttl is 10 s)
+    assert!(Instant::now() < first.expires_at());
+    checker.section("a", true);
+    checker.section("b", true);
+    checker.section("b", false);
+    checker.section("a", false);
     checker.record("a", first.token(), first_granted, first.expires_at());
     checker.record("b", second.token(), second_granted, second.expires_at());
     let overlaps = checker.overlaps();
-    println!(
-        "control immediate restart: violations detected {}",
-        overlaps.len()
-    );
+    let report = checker.report();
+    println!("control immediate restart: {report:?}");
     assert_eq!(overlaps.len(), 1, "the checker missed a planted violation");
+    // two valid holders inside at once: a violation, not an overrun
+    assert_eq!(report.unexplained_interleavings, 1, "{report:?}");
+    assert_eq!(report.overruns, 0, "{report:?}");
+    assert_eq!(report.violations(), 2, "{report:?}");
+}
+
+#[test]
+fn control_the_checker_tells_an_overrun_from_an_overlap() {
+    // The same two critical sections interleave in both cases; only the
+    // validity windows differ. Milliseconds on the monotonic clock.
+    let ms = 1_000_000;
+    let t = redlock_harness::checker::mono_now();
+    let run = |a_valid_until: u64| {
+        let c = Checker::default();
+        c.record_mono("a", "tok-a", t, t + a_valid_until * ms);
+        c.section_at("a", true, t + ms);
+        c.section_at("a", false, t + 13 * ms);
+        c.record_mono("b", "tok-b", t + 11 * ms, t + 20 * ms);
+        c.section_at("b", true, t + 12 * ms);
+        c.section_at("b", false, t + 15 * ms);
+        c.report()
+    };
+    // a's validity ended at 10 ms, b was granted at 11: a's work overran
+    let overrun = run(10);
+    println!("control overrun: {overrun:?}");
+    assert_eq!(overrun.violations(), 0, "{overrun:?}");
+    assert_eq!((overrun.overruns, overrun.overrun_interleavings), (1, 1));
+    // a was still valid until 12.5 ms: the windows overlap and both were
+    // valid inside the critical section from 12 ms
+    let c = Checker::default();
+    c.record_mono("a", "tok-a", t, t + 12 * ms + ms / 2);
+    c.section_at("a", true, t + ms);
+    c.section_at("a", false, t + 12 * ms + ms / 4);
+    c.record_mono("b", "tok-b", t + 11 * ms, t + 20 * ms);
+    c.section_at("b", true, t + 12 * ms);
+    c.section_at("b", false, t + 15 * ms);
+    let overlap = c.report();
+    println!("control overlap: {overlap:?}");
+    assert_eq!(overlap.overlaps, 1, "{overlap:?}");
+    assert_eq!(overlap.unexplained_interleavings, 1, "{overlap:?}");
+    assert_eq!(overlap.overruns, 0, "{overlap:?}");
+    // entering after the validity ended is an overrun too, even alone
+    let c = Checker::default();
+    c.record_mono("a", "tok-a", t, t + 10 * ms);
+    c.section_at("a", true, t + 10 * ms);
+    c.section_at("a", false, t + 11 * ms);
+    let late = c.report();
+    assert_eq!((late.violations(), late.overruns), (0, 1), "{late:?}");
+    // and a stale write accepted is a violation, a rejected one is not
+    let c = Checker::default();
+    c.record_mono("a", "tok-a", t, t + 10 * ms);
+    c.record_mono("b", "tok-b", t + 11 * ms, t + 20 * ms);
+    c.write_at("b", "tok-b", 2, true, t + 12 * ms);
+    c.write_at("a", "tok-a", 1, false, t + 13 * ms);
+    assert_eq!(c.report().violations(), 0);
+    c.write_at("a", "tok-a", 1, true, t + 14 * ms);
+    assert_eq!(c.stale_writes().len(), 1);
+    assert_eq!(c.report().violations(), 1);
+}
+
+/// A write to the protected store: with `fenced`, accepted only with a
+/// fencing token at least as high as any seen; without, always (the store
+/// that ignores fencing, the planted bug).
+fn store_write(url: &str, key: &str, fence: u64, writer: &str, fenced: bool) -> bool {
+    let mut con = redis::Client::open(url).unwrap().get_connection().unwrap();
+    let script = redis::Script::new(
+        r#"local seen = tonumber(redis.call("get", KEYS[1]) or "0")
+if ARGV[3] == "1" and tonumber(ARGV[1]) < seen then return 0 end
+redis.call("set", KEYS[1], ARGV[1])
+redis.call("rpush", KEYS[2], ARGV[2])
+return 1"#,
+    );
+    let accepted: i64 = script
+        .key(format!("{key}:seen"))
+        .key(format!("{key}:writes"))
+        .arg(fence)
+        .arg(writer)
+        .arg(u8::from(fenced))
+        .invoke(&mut con)
+        .unwrap();
+    accepted == 1
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn control_a_descheduled_holder_overruns_and_only_an_unfenced_store_takes_its_write() {
+    // Holder a checks its validity, enters, and is descheduled (its thread
+    // does not run: a GC pause, a stopped VM) past its validity. Holder b, on
+    // a thread of its own, gets the lock after a's keys expired, enters and
+    // writes with its fencing token. Then a resumes, writes with its older
+    // token and leaves. The lock did its part: an overrun, no violation.
+    // A store that checks fencing tokens refuses a's write; one that ignores
+    // them takes it, and the checker must report that stale write as a
+    // violation.
+    let cluster = Cluster::start(3);
+    let store = RedisServer::start();
+    let ttl = Duration::from_millis(300);
+    for fenced in [true, false] {
+        let res = resource(if fenced {
+            "control-overrun-fenced"
+        } else {
+            "control-overrun-unfenced"
+        });
+        let checker = Arc::new(Checker::default());
+        let a = builder(cluster.urls()).build().unwrap();
+        let lock = a.lock(&res, ttl).await.expect("a");
+        let fence_a = a.fencing_token(&lock).await.expect("a's fencing token");
+        let granted = Instant::now();
+        assert!(granted < lock.expires_at(), "enter only while valid");
+        checker.section("a", true);
+
+        let (written_tx, written_rx) = mpsc::channel::<()>();
+        let (done_tx, done_rx) = mpsc::channel::<()>();
+        let b = {
+            let (urls, res, checker, store_url) = (
+                cluster.urls().to_vec(),
+                res.clone(),
+                checker.clone(),
+                store.url(),
+            );
+            std::thread::spawn(move || {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .unwrap();
+                rt.block_on(async move {
+                    let b = builder(&urls).retry_count(100_000).build().unwrap();
+                    let lock = b.lock(&res, Duration::from_secs(30)).await.expect("b");
+                    let granted = Instant::now();
+                    checker.section("b", true);
+                    let fence = b.fencing_token(&lock).await.expect("b's fencing token");
+                    let accepted = store_write(&store_url, &res, fence, "b", fenced);
+                    checker.write("b", lock.token(), fence, accepted);
+                    written_tx.send(()).unwrap();
+                    done_rx.recv().unwrap();
+                    checker.section("b", false);
+                    checker.record("b", lock.token(), granted, Instant::now());
+                    b.unlock(&lock).await.unwrap();
+                    fence
+                })
+            })
+        };
+        // a's thread stops here, its validity long gone before it wakes
+        written_rx
+            .recv_timeout(Duration::from_secs(60))
+            .expect("b wrote");
+        assert!(Instant::now() > lock.expires_at());
+        let accepted = store_write(&store.url(), &res, fence_a, "a", fenced);
+        checker.write("a", lock.token(), fence_a, accepted);
+        checker.section("a", false);
+        checker.record(
+            "a",
+            lock.token(),
+            granted,
+            Instant::now().min(lock.expires_at()),
+        );
+        done_tx.send(()).unwrap();
+        let fence_b = b.join().unwrap();
+        assert!(fence_a < fence_b);
+
+        let report = checker.report();
+        println!(
+            "control descheduled holder, {} store: {report:?}",
+            if fenced { "fenced" } else { "unfenced" }
+        );
+        assert_eq!(report.overlaps, 0, "{report:?}");
+        assert_eq!(report.unexplained_interleavings, 0, "{report:?}");
+        assert_eq!(
+            (report.overruns, report.overrun_interleavings),
+            (1, 1),
+            "a's work overran into b's: {report:?}"
+        );
+        if fenced {
+            assert!(!accepted, "the fenced store took a's stale write");
+            assert_eq!(report.violations(), 0, "{report:?}");
+        } else {
+            assert!(accepted);
+            assert_eq!(report.stale_writes, 1, "{report:?}");
+            assert_eq!(report.violations(), 1, "the checker missed the stale write");
+        }
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -83,25 +271,26 @@ async fn control_a_bare_del_release_lets_two_holders_interleave() {
         let plan = control(bare_del);
         let checker = Arc::new(Checker::default());
         let (tally, _) = run_workload(&plan, &checker, async { 0 }).await;
-        let (overlaps, interleavings) = (checker.overlaps(), checker.interleavings());
+        let report = checker.report();
         println!(
-            "control {} release, late: acquisitions {}, overlapping windows {}, interleaved sections {}",
+            "control {} release, late: acquisitions {}, {report:?}",
             if bare_del { "bare DEL" } else { "checked" },
             tally.acquisitions,
-            overlaps.len(),
-            interleavings.len()
         );
         assert_eq!(checker.len() as u64, tally.acquisitions);
         assert!(tally.acquisitions >= 4, "too few acquisitions to judge");
-        found.push((overlaps.len(), interleavings.len()));
+        found.push(report);
     }
+    // (a holder descheduled past its validity on a loaded machine may
+    // overrun in either run: that is not what this control is about)
     assert_eq!(
-        found[0],
-        (0, 0),
-        "the checked release must not let holders overlap"
+        found[0].violations(),
+        0,
+        "the checked release must not let holders overlap: {:?}",
+        found[0]
     );
     assert!(
-        found[1].0 > 0 && found[1].1 > 0,
+        found[1].overlaps > 0 && found[1].unexplained_interleavings > 0,
         "the checker missed the bare DEL's violations: {:?}",
         found[1]
     );

@@ -35,7 +35,7 @@ async fn a_node_that_cannot_confirm_is_a_configuration_error_and_keeps_nothing()
     assert!(err.to_string().contains("WAITAOF"), "{err}");
     // The SETs ran before the confirmation failed: they are released.
     assert!(
-        cluster.eventually(Duration::from_secs(2), |c| c
+        cluster.eventually(Duration::from_secs(5), |c| c
             .values(&res)
             .iter()
             .all(Option::is_none)),
@@ -86,7 +86,7 @@ async fn acquisitions_on_aof_nodes_count_only_confirmed_writes() {
         .unwrap();
     let err = redlock.try_lock(&res, TTL).await.unwrap_err();
     assert!(matches!(err, Error::Redis { .. }), "{err}");
-    assert!(cluster.eventually(Duration::from_secs(2), |c| {
+    assert!(cluster.eventually(Duration::from_secs(5), |c| {
         c.values(&res).iter().all(Option::is_none)
     }));
     let _ = cluster.node(0);

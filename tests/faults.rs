@@ -199,8 +199,11 @@ async fn script_flush_and_a_node_restart_during_watchdog_holds() {
     let plan = plan(cluster.urls().to_vec(), "f-flush", ttl, (350, 700), true);
     let name = "script flush + restart (watchdog)";
     fault::run(name, &mut cluster, &plan, async |c, end| {
+        // a script flush on every node every 120 ms, and a node killed and
+        // restarted (after a ttl) every 10 flushes, from the 4th on: once in
+        // a 3 s run, many times in a soak
         let mut n = 0;
-        let mut restarted = false;
+        let mut flushes = 0;
         while Instant::now() < end {
             for i in 0..5 {
                 if c.node(i).is_running() {
@@ -208,12 +211,12 @@ async fn script_flush_and_a_node_restart_during_watchdog_holds() {
                 }
             }
             n += 1;
-            if !restarted && n > 3 {
+            flushes += 1;
+            if flushes % 10 == 4 {
                 let i = rand::rng().random_range(0..5);
                 c.node(i).kill();
                 tokio::time::sleep(ttl + Duration::from_millis(100)).await;
                 c.node(i).restart();
-                restarted = true;
                 n += 1;
             }
             tokio::time::sleep(Duration::from_millis(120)).await;
@@ -242,6 +245,10 @@ async fn hold_once(redlock: Redlock, plan: Plan, holder: String) {
     // the parent stops this process somewhere in here
     tokio::time::sleep(Duration::from_millis(200)).await;
     let accepted = fenced_write(&store, &plan.resource, fence, &holder);
+    println!(
+        "{}",
+        checker::line_write(&holder, lock.token(), fence, accepted)
+    );
     println!("{}", checker::line_section(&holder, false));
     let ended = Instant::now().min(lock.expires_at()).max(granted);
     let (granted, ended) = checker::mono_window(granted, ended);
@@ -303,9 +310,10 @@ async fn a_holder_process_that_dies_loses_its_lock_after_one_ttl() {
     let mut child = Child::spawn_env(&plan, "dying-holder", &[("REDLOCK_CHILD_DIE", "1".into())]);
     let stdout = child.stdout();
     let mut lines = BufReader::new(stdout).lines();
-    wait_for_line(&mut lines, "@@GRANTED", Duration::from_secs(10)).await;
+    // generous bounds: the child starts and renews on a loaded machine
+    wait_for_line(&mut lines, "@@GRANTED", Duration::from_secs(60)).await;
     let granted = Instant::now();
-    wait_for_line(&mut lines, "@@RENEWED", 4 * ttl).await;
+    wait_for_line(&mut lines, "@@RENEWED", Duration::from_secs(30)).await;
     let other = builder(cluster.urls()).retry_count(1000).build().unwrap();
     // renewed past its first ttl, and still held
     assert!(granted.elapsed() > ttl);
@@ -318,7 +326,21 @@ async fn a_holder_process_that_dies_loses_its_lock_after_one_ttl() {
     child.kill();
     let killed = Instant::now();
     child.wait().await;
-    let margin = Duration::from_millis(500);
+    // Nothing renews the keys after the kill: on every node that has the
+    // key, it expires within one ttl (read right after the kill, so a
+    // loaded machine cannot stretch it).
+    for i in 0..cluster.len() {
+        let pttl: i64 = redis::cmd("PTTL")
+            .arg(&plan.resource)
+            .query(&mut cluster.conn(i))
+            .unwrap();
+        assert!(
+            pttl <= ttl.as_millis() as i64,
+            "node {i}: the dead holder's key has {pttl} ms left, more than a ttl"
+        );
+    }
+    // and the lock is free once they did; the margin is for a loaded machine
+    let margin = fault::FRESH_MARGIN;
     let lock = tokio::time::timeout(ttl + margin, other.lock(&plan.resource, ttl))
         .await
         .unwrap_or_else(|_| panic!("the dead holder's lock outlived ttl + {margin:?}"))
@@ -400,12 +422,9 @@ async fn a_paused_holder_outlives_its_lock_and_only_a_fencing_token_stops_its_wr
     let granted = Instant::now();
     checker.section("second-holder", true);
     let fence = redlock.fencing_token(&lock).await.expect("fencing token");
-    assert!(fenced_write(
-        &store.url(),
-        &plan.resource,
-        fence,
-        "second-holder"
-    ));
+    let accepted = fenced_write(&store.url(), &plan.resource, fence, "second-holder");
+    checker.write("second-holder", lock.token(), fence, accepted);
+    assert!(accepted);
     // The paused holder wakes up while the second one still works.
     child.resume();
     tokio::time::sleep(Duration::from_millis(400)).await;
@@ -420,14 +439,24 @@ async fn a_paused_holder_outlives_its_lock_and_only_a_fencing_token_stops_its_wr
     checker.ingest(&out);
 
     // The lock did its part: the paused holder's validity window closed
-    // before the second holder's began.
+    // before the second holder's began, so the checker finds no violation.
     assert!(checker.overlaps().is_empty(), "{:?}", checker.overlaps());
+    let report = checker.report();
+    assert_eq!(report.violations(), 0, "{report:?}");
     // But the paused holder's critical section ran on into the second
-    // holder's: no lock with an expiry can prevent that.
+    // holder's: no lock with an expiry can prevent that. The checker tells
+    // it for what it is, an overrun (the documented limit).
     let interleavings = checker.interleavings();
     assert!(
-        !interleavings.is_empty(),
-        "the paused holder should have overlapped: {out}"
+        !interleavings.is_empty() && interleavings.iter().all(|i| i.overrun),
+        "the paused holder should have overrun into the second one: {interleavings:?} {out}"
+    );
+    let overruns = checker.overruns();
+    assert!(
+        overruns
+            .iter()
+            .any(|o| o.holder == "paused-holder" && o.interleaved),
+        "{overruns:?}"
     );
     // Only the fencing token (Redlock::fencing_token) stopped its late write.
     assert!(
@@ -442,7 +471,10 @@ async fn a_paused_holder_outlives_its_lock_and_only_a_fencing_token_stops_its_wr
         .unwrap();
     assert_eq!(writes, ["second-holder"]);
     println!(
-        "fault paused holder: acquisitions 2, faults injected 1, violations 0 (lock windows), critical-section overlaps {} (expected: the limit of any lease), stale writes accepted 0",
-        interleavings.len()
+        "fault paused holder: acquisitions 2, faults injected 1, violations {}, overruns {} (interleaved {}; expected: the limit of any lease), stale writes accepted {}",
+        report.violations(),
+        report.overruns,
+        report.overrun_interleavings,
+        report.stale_writes
     );
 }

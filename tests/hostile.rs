@@ -153,9 +153,13 @@ async fn hostile_nodes_give_typed_errors_and_leave_nothing_behind() {
 
     let mut failures = Vec::new();
     for case in &cases {
+        // timeouts far above the defaults: no case is about a slow node,
+        // and a loaded machine may be slower than 50 ms
         let redlock = Redlock::builder(case.urls.iter().map(String::as_str))
             .retry_count(1)
             .retry_delay(Duration::from_millis(5))
+            .node_timeout(Duration::from_secs(2))
+            .connect_timeout(Duration::from_secs(5))
             .build()
             .expect("valid configuration");
         // lock, extend and unlock; the first failure is the case's outcome

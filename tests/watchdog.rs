@@ -11,6 +11,16 @@ use redlock_quorum::{Error, LossReason};
 
 const TTL: Duration = Duration::from_millis(600);
 
+/// How long a test waits for something that takes a fraction of a ttl on an
+/// idle machine: generous, for a loaded one (the suite must pass beside four
+/// CPU burners on two cores).
+const PATIENCE: Duration = Duration::from_secs(20);
+
+/// How late a timer may fire on a loaded machine, for the bounds that say
+/// "by the deadline": far below the node timeouts that the tests show are
+/// not waited for.
+const SCHEDULER_MARGIN: Duration = Duration::from_secs(3);
+
 /// Sets a flag when dropped: proves a user future was dropped.
 struct DropFlag(Arc<AtomicBool>);
 impl Drop for DropFlag {
@@ -37,11 +47,12 @@ async fn a_guard_keeps_everyone_out_for_four_ttls() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert!(
-        guard.expires_at() > first_expiry + 2 * TTL,
+        guard.expires_at() > first_expiry + TTL,
         "validity moved forward"
     );
+    // every ttl/3: 12 on an idle machine, fewer when timers run late
     assert!(
-        guard.renewals() >= 8,
+        guard.renewals() >= 6,
         "renewed every ttl/3: {}",
         guard.renewals()
     );
@@ -83,7 +94,7 @@ async fn release_stops_renewal_and_nothing_recreates_the_key() {
         // held across several renewals first, so the watchdog is running
         let start = Instant::now();
         while guard.renewals() < 2 {
-            assert!(start.elapsed() < 2 * TTL, "no renewal");
+            assert!(start.elapsed() < PATIENCE, "no renewal");
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         let watch = guard.watch();
@@ -135,7 +146,7 @@ async fn losing_three_of_five_nodes_is_reported_before_the_deadline() {
         cluster.node(i).kill();
     }
     let deadline = guard.expires_at();
-    let reason = tokio::time::timeout(2 * TTL, guard.lost())
+    let reason = tokio::time::timeout(PATIENCE, guard.lost())
         .await
         .expect("lost() resolves");
     let lost_at = Instant::now();
@@ -144,7 +155,7 @@ async fn losing_three_of_five_nodes_is_reported_before_the_deadline() {
     assert_eq!(guard.validity(), Duration::ZERO);
     // the deadline can have moved if a renewal landed before the kill
     assert!(
-        lost_at <= guard.expires_at().max(deadline) + Duration::from_millis(5),
+        lost_at <= guard.expires_at().max(deadline) + SCHEDULER_MARGIN,
         "lost() fired {:?} after the deadline",
         lost_at - guard.expires_at().max(deadline)
     );
@@ -178,7 +189,7 @@ async fn with_lock_drops_the_work_and_says_so_when_the_lock_is_lost() {
     for i in [1, 2, 3] {
         cluster.node(i).kill();
     }
-    let result = tokio::time::timeout(3 * TTL, work)
+    let result = tokio::time::timeout(PATIENCE, work)
         .await
         .expect("returns")
         .unwrap();
@@ -211,8 +222,10 @@ async fn two_paused_nodes_do_not_stall_renewal() {
         assert!(guard.is_held(), "lost while a quorum was up");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    // every ttl/3: 9 on an idle machine; a renewal stuck on the paused
+    // nodes would have lost the lock
     assert!(
-        guard.renewals() >= before + 6,
+        guard.renewals() >= before + 3,
         "renewals: {}",
         guard.renewals() - before
     );
@@ -228,7 +241,7 @@ async fn a_takeover_on_a_majority_is_reported_and_the_new_key_is_spared() {
     let res = resource("guard-takeover");
     let guard = redlock.acquire(&res, TTL).await.unwrap();
     cluster.plant(&[0, 1, 2], &res, "new-holder", Duration::from_secs(30));
-    let reason = tokio::time::timeout(2 * TTL, guard.lost())
+    let reason = tokio::time::timeout(PATIENCE, guard.lost())
         .await
         .expect("reported");
     assert_eq!(reason, LossReason::TakenOver);
@@ -373,7 +386,7 @@ async fn lost_resolves_by_the_deadline_when_nodes_hang_mid_renewal() {
     let mut cluster = Cluster::start(5);
     // A node timeout far beyond the ttl: a renewal sent to hung nodes waits
     // that long for them, and lost() must not.
-    let node_timeout = Duration::from_secs(5);
+    let node_timeout = Duration::from_secs(60);
     let redlock = cluster
         .builder()
         .node_timeout(node_timeout)
@@ -383,7 +396,7 @@ async fn lost_resolves_by_the_deadline_when_nodes_hang_mid_renewal() {
     let guard = redlock.acquire(&res, TTL).await.unwrap();
     let start = Instant::now();
     while guard.renewals() < 1 {
-        assert!(start.elapsed() < TTL, "no renewal");
+        assert!(start.elapsed() < PATIENCE, "no renewal");
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     // Three nodes hang (SIGSTOP): they keep their sockets and answer nothing,
@@ -392,7 +405,7 @@ async fn lost_resolves_by_the_deadline_when_nodes_hang_mid_renewal() {
         cluster.node(i).pause();
     }
     let renewals = guard.renewals();
-    let reason = tokio::time::timeout(2 * TTL, guard.lost())
+    let reason = tokio::time::timeout(PATIENCE, guard.lost())
         .await
         .expect("lost() resolves while the renewal hangs");
     let lost_at = Instant::now();
@@ -405,7 +418,7 @@ async fn lost_resolves_by_the_deadline_when_nodes_hang_mid_renewal() {
     // by the deadline (the margin is for the scheduler of a loaded machine,
     // far below the node timeout the renewal is stuck in)
     assert!(
-        lost_at <= deadline + Duration::from_millis(50),
+        lost_at <= deadline + SCHEDULER_MARGIN,
         "lost() fired {:?} after the deadline",
         lost_at - deadline
     );
@@ -423,23 +436,28 @@ async fn lost_resolves_by_the_deadline_when_nodes_hang_mid_renewal() {
 async fn renew_concurrency_of_one_still_keeps_many_guards_held() {
     let cluster = Cluster::shared(5);
     let redlock = cluster.builder().renew_concurrency(1).build().unwrap();
+    // 40 renewals one after the other in each renewal interval: a ttl long
+    // enough for them on a loaded machine (at 600 ms, four CPU burners made
+    // one guard miss its renewal)
+    let ttl = 5 * TTL;
     let guards: Vec<_> = futures::future::join_all((0..40).map(|_| {
         let redlock = redlock.clone();
-        async move { redlock.acquire(&resource("renew-one"), TTL).await }
+        async move { redlock.acquire(&resource("renew-one"), ttl).await }
     }))
     .await
     .into_iter()
     .map(|g| g.expect("acquire"))
     .collect();
     let start = Instant::now();
-    while start.elapsed() < 3 * TTL {
+    while start.elapsed() < 2 * ttl {
         for g in &guards {
             assert!(g.is_held(), "lost with renewals one at a time");
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    // every ttl/3: 6 on an idle machine, fewer when timers run late
     for g in &guards {
-        assert!(g.renewals() >= 5, "renewals: {}", g.renewals());
+        assert!(g.renewals() >= 3, "renewals: {}", g.renewals());
     }
     for g in guards {
         assert_eq!(g.release().await.unwrap(), 5);
@@ -462,11 +480,13 @@ async fn first_renewal_spread(
     }
     let redlock = redlock_quorum::Redlock::builder(proxies.iter().map(Proxy::url))
         .renew_concurrency(concurrency)
-        .node_timeout(Duration::from_millis(500))
+        .node_timeout(Duration::from_secs(2))
         .build()
         .unwrap();
     redlock_harness::warm(&redlock).await;
-    let ttl = Duration::from_millis(1500);
+    // long enough for six serial renewals through the latency on a loaded
+    // machine before the first guard's lock expires
+    let ttl = Duration::from_secs(3);
     // acquired without latency, so that their renewals fall due together
     let held: Vec<_> = futures::future::join_all((0..guards).map(|_| {
         let redlock = redlock.clone();
@@ -483,7 +503,7 @@ async fn first_renewal_spread(
     let mut first = vec![None; guards];
     let start = Instant::now();
     while first.iter().any(Option::is_none) {
-        assert!(start.elapsed() < 2 * ttl, "renewals did not happen");
+        assert!(start.elapsed() < PATIENCE, "renewals did not happen");
         for (i, g) in held.iter().enumerate() {
             if first[i].is_none() && g.renewals() > 0 {
                 first[i] = Some(Instant::now());
@@ -510,7 +530,8 @@ async fn first_renewal_spread(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn renew_concurrency_serializes_renewals() {
     let mut cluster = Cluster::start(5);
-    let (guards, latency) = (6, Duration::from_millis(40));
+    // a latency large beside a loaded machine's scheduling delays
+    let (guards, latency) = (6, Duration::from_millis(100));
     // one at a time: each renewal waits for the one before, a round trip of
     // at least the latency each
     let serial = first_renewal_spread(&mut cluster, 1, guards, latency).await;

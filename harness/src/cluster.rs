@@ -180,13 +180,28 @@ pub fn external_nodes() -> Option<Vec<String>> {
 }
 
 /// Takes and releases a throwaway lock so that every node's connection is
-/// made: later requests are then written to the sockets at once.
+/// made: later requests are then written to the sockets at once. Tries
+/// again (for up to a minute) when a node is too slow for the manager's
+/// timeouts, as on a loaded machine.
+///
+/// # Panics
+/// When no try succeeded within a minute.
 pub async fn warm(redlock: &Redlock) {
-    let lock = redlock
-        .try_lock(&resource("warm"), Duration::from_secs(5))
-        .await
-        .expect("warm-up lock");
-    redlock.unlock(&lock).await.expect("warm-up unlock");
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let outcome = match redlock
+            .try_lock(&resource("warm"), Duration::from_secs(5))
+            .await
+        {
+            Ok(lock) => redlock.unlock(&lock).await.map(|_| ()),
+            Err(e) => Err(e),
+        };
+        match outcome {
+            Ok(()) => return,
+            Err(e) if std::time::Instant::now() > deadline => panic!("warm-up: {e}"),
+            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    }
 }
 
 static NEXT_RESOURCE: AtomicU64 = AtomicU64::new(0);

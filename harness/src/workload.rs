@@ -105,6 +105,10 @@ pub struct Tally {
     /// a node answered with an error reply (`Redis`). The fault tests take
     /// out at most a minority, so neither can happen to a correct client.
     pub unlock_bugs: u64,
+    /// Locks granted whose validity was gone when the holder came to enter
+    /// the critical section (it was descheduled in between): the holder did
+    /// not enter, recorded nothing, and released.
+    pub expired_before_entry: u64,
 }
 
 impl Tally {
@@ -114,13 +118,18 @@ impl Tally {
         self.failures += other.failures;
         self.unlock_errors += other.unlock_errors;
         self.unlock_bugs += other.unlock_bugs;
+        self.expired_before_entry += other.expired_before_entry;
     }
 
     /// The tally as a line for a parent process ([`Tally::parse`]).
     pub fn line(&self) -> String {
         format!(
-            "@@T {} {} {} {}",
-            self.acquisitions, self.failures, self.unlock_errors, self.unlock_bugs
+            "@@T {} {} {} {} {}",
+            self.acquisitions,
+            self.failures,
+            self.unlock_errors,
+            self.unlock_bugs,
+            self.expired_before_entry
         )
     }
 
@@ -135,6 +144,7 @@ impl Tally {
             failures: it.next()??,
             unlock_errors: it.next()??,
             unlock_bugs: it.next()??,
+            expired_before_entry: it.next()??,
         })
     }
 }
@@ -151,8 +161,9 @@ struct Inside {
 
 impl Drop for Inside {
     fn drop(&mut self) {
-        let now = Instant::now();
+        // the exit first: the window ends no earlier than the work
         self.sink.section(&self.holder, false);
+        let now = Instant::now();
         let ended = now.min((self.deadline)()).max(self.granted);
         self.sink
             .window(&self.holder, &self.token, self.granted, ended);
@@ -174,7 +185,12 @@ async fn bare_connections(urls: &[String]) -> Vec<redis::aio::MultiplexedConnect
     out
 }
 
-/// One client's loop.
+/// One client's loop. A holder enters the critical section only inside its
+/// validity window: it checks the lock's `expires_at` right before entering
+/// and, when the validity is gone, does not enter (and counts it in
+/// [`Tally::expired_before_entry`]). A holder descheduled after that check
+/// or while it works overruns its validity; the [`Checker`] reports that as
+/// an overrun, not a violation.
 pub async fn contend(redlock: Redlock, holder: String, plan: Plan, sink: Sink) -> Tally {
     let mut tally = Tally::default();
     let mut bare = if plan.bare_del {
@@ -191,10 +207,17 @@ pub async fn contend(redlock: Redlock, holder: String, plan: Plan, sink: Sink) -
             // only acquisitions that recorded a window
             let ran = Arc::new(std::sync::atomic::AtomicBool::new(false));
             let ran2 = ran.clone();
+            let late = Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let late2 = late.clone();
             let result = redlock
                 .with_lock(&plan.resource, plan.ttl, |watch| async move {
-                    ran2.store(true, std::sync::atomic::Ordering::SeqCst);
                     let granted = Instant::now();
+                    // enter only inside the validity window
+                    if granted >= watch.expires_at() {
+                        late2.store(true, std::sync::atomic::Ordering::SeqCst);
+                        return;
+                    }
+                    ran2.store(true, std::sync::atomic::Ordering::SeqCst);
                     sink.section(&holder, true);
                     let token = watch.lock().token().to_owned();
                     let w = watch.clone();
@@ -211,13 +234,18 @@ pub async fn contend(redlock: Redlock, holder: String, plan: Plan, sink: Sink) -
             if ran.load(std::sync::atomic::Ordering::SeqCst) {
                 tally.acquisitions += 1;
             }
+            if late.load(std::sync::atomic::Ordering::SeqCst) {
+                tally.expired_before_entry += 1;
+            }
             result
         } else {
             match redlock.lock(&plan.resource, plan.ttl).await {
                 Ok(lock) => {
                     let granted = Instant::now();
-                    sink.section(&holder, true);
-                    {
+                    // enter only inside the validity window
+                    let valid = granted < lock.expires_at();
+                    if valid {
+                        sink.section(&holder, true);
                         let expires = lock.expires_at();
                         let _inside = Inside {
                             sink: sink.clone(),
@@ -227,8 +255,10 @@ pub async fn contend(redlock: Redlock, holder: String, plan: Plan, sink: Sink) -
                             deadline: Box::new(move || expires),
                         };
                         tokio::time::sleep(hold).await;
+                        tally.acquisitions += 1;
+                    } else {
+                        tally.expired_before_entry += 1;
                     }
-                    tally.acquisitions += 1;
                     let (lo, hi) = plan.release_after_ms;
                     if hi > 0 {
                         let stall = rand::rng().random_range(lo..=hi);
