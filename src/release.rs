@@ -78,9 +78,13 @@ pub(crate) async fn release_with(
         Until::AllNodes,
         request,
         after,
-        scripts::read_flag,
+        scripts::read_unlock,
     )
     .await;
+    if round.tally.highest == Some(2) {
+        // A node named a successor: check that it took the lock.
+        crate::wait::check_handoff(inner, &round.tally.agreed, keys, token);
+    }
     if Instant::now() < key_expiry {
         // Owed key by key: the queue releases each with the single-key
         // script, which for a set does what the set's script does.
