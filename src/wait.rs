@@ -12,21 +12,34 @@
 //!   [`expiry`] turns it into the instant a quorum of them will be free.
 //! - **Subscribe, then try.** The first refusal registers the waiter
 //!   ([`Waits::register`]), which subscribes the key's channel on every node
-//!   and waits for the confirmations; only then is the next attempt sent, so
-//!   a release between the refusal and the subscription is never slept
-//!   through.
+//!   and waits for the confirmations of a quorum of nodes (or of every node
+//!   that is not down); only then is the next attempt sent, so a release
+//!   between the refusal and the subscription is never slept through (it
+//!   deleted the key on a quorum, and two quorums share a node). A node
+//!   that hangs does not hold the waiter up.
 //! - **One subscription connection per node per manager**, shared by all
 //!   its waiters: a task per node ([`run_link`]) owns it, subscribes a
 //!   channel when its first waiter comes and unsubscribes it when the last
-//!   one leaves.
+//!   one leaves. Every call it makes on its node is bounded
+//!   ([`CALL_TIMEOUT`]: past it, the connection counts as broken and is
+//!   made again), and what it still has to do is bounded too: the channels
+//!   that changed, as a set of at most [`MAX_DIRTY`] (past that, it
+//!   compares every channel), and at most [`SIDE_QUEUE`] batches of
+//!   registrations, dropped with the session.
 //! - **One wake-up per release per manager.** A release is published on
 //!   every node that deleted the key, with the same message (a hash of the
 //!   token); each channel remembers the last messages and counts a release
 //!   once. It wakes the first waiter of the key that is not already woken,
 //!   in registration order; the copies from the other nodes go to the same
 //!   waiter (its attempt may have overtaken the release on those nodes and
-//!   found the old holder there: it tries again). A waiter that leaves
-//!   without the lock after it was woken passes the wake-up to the next.
+//!   found the old holder there: it tries again). A wake-up its waiter
+//!   cannot use goes on to the next waiter of the key, with the copies
+//!   still to come: a waiter that leaves without the lock after it was
+//!   woken (cancelled, out of patience), and a waiter for a set of keys
+//!   whose attempt found a holder (it may be another key's). A waiter for
+//!   one key that finds a holder keeps it: the key is held again (that
+//!   holder's release wakes the next) or the release has not reached every
+//!   node yet (its copies wake the same waiter again).
 //! - **One manager woken per release, across managers.** Each manager
 //!   also subscribes its own channel for each key it waits for
 //!   ([`scripts::successor_channel`]: the key's channel, `0xFF`, its id),
@@ -45,14 +58,27 @@
 //!   denies the own channels (an ACL that allows the keys' channels only)
 //!   gets no registration: its releases wake every manager, as without
 //!   this.
+//! - **The releaser checks the hand-off.** A subscriber is not a taker:
+//!   `PUBLISH` counts the connection of a manager whose process is stopped
+//!   (SIGSTOP, a debugger, a VM paused), and a live manager's waiters may
+//!   all be unable to use the release. So an unlock script that named a
+//!   successor says so (it returns 2), and the releaser, [`HANDOFF_CHECK`]
+//!   (200 ms) later, asks each node that released: where the key is still
+//!   free and managers still wait for it, the release is published again on
+//!   the key's channel, for every manager ([`check_handoff`]). A named
+//!   manager that does not take the lock delays the others by about that
+//!   much, per release that names it (a stopped one stays registered for at
+//!   most its [`LEASE`]). Only releases that named a successor pay for it:
+//!   one script per node, off the caller's path.
 //! - **Degrading.** A node whose subscription is denied (ACL), down, or
 //!   broken counts as unsubscribed. A waiter sleeps on notifications alone
 //!   only while a quorum of nodes confirmed its subscription: a release that
 //!   succeeded deleted the key on a quorum, and two quorums share a node, so
 //!   one of its messages reaches us. Otherwise it also sleeps at most the
 //!   timed retry pause (`retry_delay` + `retry_jitter`). Whenever a node's
-//!   subscription breaks or is made again, every waiter of the manager tries
-//!   once more (a release may have been missed in between).
+//!   subscription breaks or is made again after a break, every waiter of
+//!   the manager tries once more (a release may have been missed in
+//!   between).
 //! - **Foreign releases.** A client that deletes without publishing (another
 //!   Redlock library) is caught at the key's expiry and by the first waiter
 //!   of each key in each manager, which keeps the timed retry as a safety
@@ -374,10 +400,7 @@ impl Channel {
     /// already woken, and with it the releases that woke `from`: their
     /// copies from the other nodes go to the new waiter. Returns its id.
     fn pass_on(&mut self, from: u64) -> Option<u64> {
-        let slot = self
-            .waiters
-            .iter_mut()
-            .find(|s| !s.woken && s.id != from)?;
+        let slot = self.waiters.iter_mut().find(|s| !s.woken && s.id != from)?;
         slot.woken = true;
         slot.wake.notify_one();
         let to = slot.id;
@@ -419,7 +442,8 @@ impl Waits {
 
     /// Registers a waiter for `keys`, subscribes their release channels on
     /// every node where they are not yet, and waits (at most `within`) until
-    /// each node confirmed or is known to be unavailable.
+    /// a quorum of nodes confirmed, or each node confirmed or is known to be
+    /// unavailable.
     ///
     /// # Cancel safety
     /// Cancel-safe: a dropped registration leaves (and unsubscribes what no
@@ -1124,6 +1148,50 @@ mod tests {
             vec![Some(0), None, Some(7)],
             "-5 is no PTTL reply"
         );
+    }
+
+    #[test]
+    fn a_link_keeps_a_bounded_set_of_changes() {
+        // A link whose task does not read (its node hangs) while waiters
+        // come and go on ever new keys.
+        let (bell, mut rings) = mpsc::channel(1);
+        let mut link = Link {
+            bell: Some(bell),
+            ..Link::default()
+        };
+        for round in 0..3 {
+            for k in 0..MAX_DIRTY * 3 {
+                link.mark(format!("key:{round}:{k}").as_bytes());
+                // The same channel again (its waiter left) adds nothing.
+                link.mark(format!("key:{round}:{k}").as_bytes());
+                assert!(link.dirty.len() <= MAX_DIRTY);
+            }
+        }
+        assert!(link.resync, "past the bound, the link compares everything");
+        assert!(rings.try_recv().is_ok(), "rung");
+        assert!(rings.try_recv().is_err(), "one ring pending at most");
+    }
+
+    #[test]
+    fn a_wake_up_passed_on_takes_the_later_copies_with_it() {
+        let slot = |id| Slot {
+            id,
+            wake: Arc::new(Notify::new()),
+            woken: false,
+        };
+        let mut channel = Channel {
+            waiters: VecDeque::from([slot(0), slot(1), slot(2)]),
+            subscribed: vec![],
+            recent: VecDeque::new(),
+        };
+        let first = channel.wake_one();
+        channel.recent.push_back((b"m".to_vec(), first.unwrap()));
+        // Waiter 0 woke (its flag reset) and cannot use it.
+        channel.waiters[0].woken = false;
+        assert_eq!(channel.pass_on(0), Some(1), "not back to itself");
+        assert_eq!(channel.recent[0].1, 1, "the release's copies go to 1");
+        assert_eq!(channel.pass_on(0), Some(2), "1 is woken already");
+        assert_eq!(channel.pass_on(0), None);
     }
 
     #[test]

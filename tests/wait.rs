@@ -286,7 +286,10 @@ async fn waiting_works_when_an_acl_denies_pub_sub() {
         .expect("the fallback retry gets it; no error leaks out");
     let gap = released.elapsed();
     println!("ACL without pub/sub: release -> grant {gap:?} (timed retry every 100 ms)");
-    assert!(gap < NOTIFIED, "the timed retry, not the 30 s expiry: {gap:?}");
+    assert!(
+        gap < NOTIFIED,
+        "the timed retry, not the 30 s expiry: {gap:?}"
+    );
     waiter.unlock(&lock).await.unwrap();
     for i in 0..3 {
         assert_eq!(release_channels(&cluster, i), 0);
@@ -640,7 +643,10 @@ async fn a_release_wakes_only_the_manager_it_names() {
             .expect("a waiter got the lock within 5 s of the release")
             .unwrap();
         let gap = released.elapsed();
-        assert!(gap < NOTIFIED, "round {round}: notified, not polled: {gap:?}");
+        assert!(
+            gap < NOTIFIED,
+            "round {round}: notified, not polled: {gap:?}"
+        );
         // the other waiters' rounds, if any woke, would be done by now
         tokio::time::sleep(Duration::from_millis(150)).await;
         let sets = set_calls(&cluster, 0) - before;
@@ -720,9 +726,7 @@ async fn a_release_that_names_dead_managers_still_wakes_the_waiter() {
         let lock = holder.lock(&res, TTL).await.unwrap();
         let task = {
             let (waiter, res) = (waiter.clone(), res.clone());
-            tokio::spawn(
-                async move { waiter.lock_within(&res, TTL, PATIENCE).await },
-            )
+            tokio::spawn(async move { waiter.lock_within(&res, TTL, PATIENCE).await })
         };
         assert!(subscribed_everywhere(&cluster, &res, 1));
         let registered = cluster.eventually(Duration::from_secs(3), |cl| {
@@ -1125,12 +1129,7 @@ struct ChildWaiter(std::process::Child);
 impl ChildWaiter {
     fn spawn(cluster: &Cluster, res: &str) -> Self {
         let child = std::process::Command::new(std::env::current_exe().unwrap())
-            .args([
-                "--ignored",
-                "--exact",
-                "child_waiter",
-                "--test-threads=1",
-            ])
+            .args(["--ignored", "--exact", "child_waiter", "--test-threads=1"])
             .env(CHILD_NODES, cluster.urls().join(","))
             .env(CHILD_RESOURCE, res)
             .stdout(std::process::Stdio::null())
