@@ -21,7 +21,7 @@
 //!   its waiters: a task per node ([`run_link`]) owns it, subscribes a
 //!   channel when its first waiter comes and unsubscribes it when the last
 //!   one leaves. Every call it makes on its node is bounded
-//!   ([`CALL_TIMEOUT`]: past it, the connection counts as broken and is
+//!   ([`CALL_SLICE`]: past it, the connection counts as broken and is
 //!   made again), and what it still has to do is bounded too: the channels
 //!   that changed, as a set of at most [`MAX_DIRTY`] (past that, it
 //!   compares every channel), and at most [`SIDE_QUEUE`] batches of
@@ -127,11 +127,21 @@ const MAX_BACKOFF: Duration = Duration::from_secs(1);
 /// a successor for at most this long.
 pub(crate) const LEASE: Duration = Duration::from_secs(6);
 /// The bound on each call a link makes on its node (a subscription, an
-/// unsubscription, a batch of registrations): past it, the connection
-/// counts as broken and is made again. A node that hangs (paused, or a
-/// network that drops packets) then ends the link's session instead of
-/// holding it, and its queue of changes, for ever.
-const CALL_TIMEOUT: Duration = Duration::from_secs(1);
+/// unsubscription): [`CALL_SLICES`] timer slices of this, 5 s on a runtime
+/// that keeps up. Past it, the connection counts as broken and is made
+/// again: a node that hangs (paused, or a network that drops packets) ends
+/// the link's session instead of holding it for ever. The slices are
+/// counted, not the time: a slice counts once its timer fired, however
+/// late, so on a runtime too busy to poll the link (ten thousand waiters
+/// starting at once on two cores) the bound stretches with it, and a busy
+/// process is not taken for a hung node (a broken session wakes every
+/// waiter, which would only add to the load).
+const CALL_SLICE: Duration = Duration::from_millis(100);
+/// See [`CALL_SLICE`].
+const CALL_SLICES: u32 = 50;
+/// The bound on a batch of registrations (sent on the node's ordinary
+/// connection, not awaited by the link).
+const SIDE_TIMEOUT: Duration = Duration::from_secs(1);
 /// The most channels a link keeps as changed before it looks at them; past
 /// that it forgets them and compares every channel with what it has
 /// subscribed (a node that hangs must not make the queue grow with every
@@ -814,15 +824,19 @@ async fn run_link(shared: Weak<Shared>, index: usize, mut changes: mpsc::Receive
     }
 }
 
-/// `work`, bounded by [`CALL_TIMEOUT`]: a call that does not finish in
-/// time counts as a broken connection.
+/// `work`, bounded by [`CALL_SLICES`] slices of [`CALL_SLICE`]: a call
+/// that does not finish within them counts as a broken connection.
 async fn bounded<F>(work: F) -> Result<(), Ended>
 where
     F: std::future::Future<Output = Result<(), Ended>>,
 {
-    tokio::time::timeout(CALL_TIMEOUT, work)
-        .await
-        .unwrap_or(Err(Ended::Broken))
+    let mut work = std::pin::pin!(work);
+    for _ in 0..CALL_SLICES {
+        if let Ok(done) = tokio::time::timeout(CALL_SLICE, work.as_mut()).await {
+            return done;
+        }
+    }
+    Err(Ended::Broken)
 }
 
 /// Aborts the session's task that sends registrations when the session
@@ -1020,7 +1034,7 @@ fn register_cmd(channel: &[u8], id: &str, lease: Duration) -> redis::Cmd {
 }
 
 /// Sends `cmds` to the node on its ordinary connection in one pipeline,
-/// within [`CALL_TIMEOUT`], ignoring the replies: a registration that fails (an
+/// within [`SIDE_TIMEOUT`], ignoring the replies: a registration that fails (an
 /// ACL, a node down) only means that releases there do not name this
 /// manager, and its waiters are woken as before the registration.
 async fn queue_commands(node: &Node, cmds: Vec<redis::Cmd>) {
@@ -1031,7 +1045,7 @@ async fn queue_commands(node: &Node, cmds: Vec<redis::Cmd>) {
     for cmd in cmds {
         pipe.add_command(cmd).ignore();
     }
-    let _ = tokio::time::timeout(CALL_TIMEOUT, async {
+    let _ = tokio::time::timeout(SIDE_TIMEOUT, async {
         if let Ok(conn) = node.connection().await {
             let mut conn = conn.conn;
             let _: Result<(), _> = pipe.query_async(&mut conn).await;
