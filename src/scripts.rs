@@ -22,6 +22,9 @@
 //! - The managers waiting for a lock key `K` are a hash named `K`, `0xFF`,
 //!   `waiters` ([`waiters_key`]), which the release reads to name a
 //!   successor.
+//! - The last release of `K` that named a successor leaves its message in
+//!   `K`, `0xFF`, `handoff` for 30 s, for the releaser's hand-off check
+//!   ([`HANDOFF_CHECK`]).
 //! - The generation marker of a node is the key prefix, then `0xFF`, then
 //!   `generation`: no lock key either, and no counter key (a counter key has
 //!   a non-empty resource name before its `0xFF`, and ends in `fence`).
@@ -184,7 +187,12 @@ pub(crate) fn release_channel(lock_key: &str) -> Vec<u8> {
 /// channel reached a subscriber). A subscriber is not a taker: the
 /// manager's process may be stopped, or its waiters unable to use the
 /// release, so the releaser checks a moment later that the key was taken
-/// ([`HANDOFF_CHECK`]).
+/// ([`HANDOFF_CHECK`]). For that check, a release that names a successor
+/// leaves its message in the key's hand-off marker (`K`, `0xFF`,
+/// `handoff`, 30 s), and one that finds registrations but names nobody
+/// deletes it: the check of an earlier release must not take a later
+/// release's free moment for its own. Releases with no registration (the
+/// uncontended path) touch neither.
 const RELEASED: &str = r#"local function released(key)
     local message = string.sub(redis.sha1hex(ARGV[1]), 1, 16)
     local channel = key .. "\255released"
@@ -217,10 +225,12 @@ const RELEASED: &str = r#"local function released(key)
                 break
             end
             if sent > 0 then
+                redis.pcall("set", key .. "\255handoff", message, "PX", 30000)
                 return true
             end
             redis.pcall("hdel", queue, successor)
         end
+        redis.pcall("del", key .. "\255handoff")
     end
     redis.pcall("publish", channel, message)
     return false
@@ -271,17 +281,21 @@ pub(crate) fn read_unlock(value: &Value) -> Result<Reply, String> {
 /// `KEYS` = the lock keys of a release, `ARGV[1]` = its token. Sent by the
 /// releaser, [`wait::HANDOFF_CHECK`](crate::wait::HANDOFF_CHECK) after a
 /// release that named a successor ([`UNLOCK`] returned 2), to each node
-/// that released: for each key that is still free while managers still
-/// wait for it (its [`waiters_key`] exists), publishes the release again,
-/// with the same message, on the key's [`release_channel`], for every
-/// manager. A successor that took the lock left the key held: nothing is
-/// sent. Returns how many keys it published.
+/// that released: for each key that is still free, and whose last
+/// contended release is still this one (its hand-off marker, see
+/// [`RELEASED`], holds this release's message), publishes the release
+/// again, with the same message, on the key's [`release_channel`], for
+/// every manager, and drops the marker. A successor that took the lock left
+/// the key held, and a later release replaced or dropped the marker: then
+/// nothing is sent. Returns how many keys it published.
 pub(crate) static HANDOFF_CHECK: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r#"local message = string.sub(redis.sha1hex(ARGV[1]), 1, 16)
 local published = 0
 for _, key in ipairs(KEYS) do
-    if redis.call("exists", key) == 0 and redis.call("exists", key .. "\255waiters") == 1 then
+    local marker = key .. "\255handoff"
+    if redis.call("exists", key) == 0 and redis.call("get", marker) == message then
+        redis.call("del", marker)
         redis.pcall("publish", key .. "\255released", message)
         published = published + 1
     end

@@ -64,8 +64,8 @@
 //!   all be unable to use the release. So an unlock script that named a
 //!   successor says so (it returns 2), and the releaser, [`HANDOFF_CHECK`]
 //!   (200 ms) later, asks each node that released: where the key is still
-//!   free and managers still wait for it, the release is published again on
-//!   the key's channel, for every manager ([`check_handoff`]). A named
+//!   free and no later release of it came, the release is published again
+//!   on the key's channel, for every manager ([`check_handoff`]). A named
 //!   manager that does not take the lock delays the others by about that
 //!   much, per release that names it (a stopped one stays registered for at
 //!   most its [`LEASE`]). Only releases that named a successor pay for it:
@@ -241,8 +241,8 @@ where
 /// successor on some node (the unlock script answered 2, see
 /// [`scripts::UNLOCK`]), waits [`HANDOFF_CHECK`] and then, on each node in
 /// `nodes` (those that released), publishes the release again for every
-/// manager where the keys are still free and still waited for
-/// ([`scripts::HANDOFF_CHECK`]). A named manager that does not take the
+/// manager where a key is still free and no later release of it named a
+/// successor or found one ([`scripts::HANDOFF_CHECK`]). A named manager that does not take the
 /// lock (its process stopped: `PUBLISH` counted its connection; or none of
 /// its waiters could use the release) then delays the others by about
 /// [`HANDOFF_CHECK`], not until the next release or the holder's expiry.
