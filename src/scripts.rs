@@ -294,7 +294,7 @@ pub(crate) static HANDOFF_CHECK: LazyLock<Script> = LazyLock::new(|| {
 local published = 0
 for _, key in ipairs(KEYS) do
     local marker = key .. "\255handoff"
-    if redis.call("exists", key) == 0 and redis.call("get", marker) == message then
+    if not redis.call("get", key) and redis.call("get", marker) == message then
         redis.call("del", marker)
         redis.pcall("publish", key .. "\255released", message)
         published = published + 1
