@@ -529,8 +529,10 @@ async fn ten_thousand_waiters_on_a_thousand_keys_stay_bounded() {
         }));
     }
     // Under two CPU burners beside other tests, the 10,000 first attempts
-    // alone have taken 30 s: this bounds the count, not the speed.
-    let all_subscribed = cluster.eventually(Duration::from_secs(50), |cl| {
+    // alone have taken 30 s, and beside four burners and the other tests
+    // of this file the subscriptions were not all made in 50 s: this bounds
+    // the count, not the speed.
+    let all_subscribed = cluster.eventually(Duration::from_secs(300), |cl| {
         (0..3).all(|i| release_channels(cl, i) == KEYS)
     });
     let registered_in = started.elapsed();
