@@ -406,9 +406,13 @@ impl Redlock {
             let expiry = pttls
                 .holder_expiry(self.node_count())
                 .map(|d| timing::after(now, d));
+            if matches!(outcome, Outcome::Refused | Outcome::MayBeHeld) {
+                // A wake-up this attempt could not use goes on (for a set,
+                // whose holder may be another key's).
+                waiter.saw_holder();
+            }
             let (wake_at, counted) = match outcome {
                 Outcome::Refused => {
-                    waiter.saw_holder();
                     splits = 0;
                     // Notifications alone suffice when a quorum of nodes has
                     // our subscription; the first waiter of the key keeps

@@ -85,9 +85,13 @@ pub(crate) async fn release_with(
         Until::AllNodes,
         request,
         after,
-        scripts::read_flag,
+        scripts::read_unlock,
     )
     .await;
+    if round.tally.highest == Some(2) {
+        // A node named a successor: check that it took the lock.
+        crate::wait::check_handoff(inner, &round.tally.agreed, keys, token);
+    }
     if Instant::now() < key_expiry {
         // Owed lock by lock: the retry sends the same request again.
         let owed: Arc<[String]> = keys.iter().map(|&k| k.to_owned()).collect();

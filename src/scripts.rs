@@ -22,6 +22,9 @@
 //! - The managers waiting for a lock key `K` are a hash named `K`, `0xFF`,
 //!   `waiters` ([`waiters_key`]), which the release reads to name a
 //!   successor.
+//! - The last release of `K` that named a successor leaves its message in
+//!   `K`, `0xFF`, `handoff` for 30 s, for the releaser's hand-off check
+//!   ([`HANDOFF_CHECK`]).
 //! - The generation marker of a node is the key prefix, then `0xFF`, then
 //!   `generation`: no lock key either, and no counter key (a counter key has
 //!   a non-empty resource name before its `0xFF`, and ends in `fence`).
@@ -108,7 +111,9 @@ pub(crate) fn read_fence(value: &Value) -> Result<Reply, String> {
 /// Deletes the key only when it holds the token, and then, in the same
 /// script, publishes the release on the key's [`release_channel`] (see
 /// [`RELEASED`] for the message) unless `ARGV[2]` is `quiet`. Returns 1 when
-/// it deleted, 0 otherwise.
+/// it deleted, 2 when it deleted and named a successor (the releaser then
+/// checks the hand-off, [`HANDOFF_CHECK`]), 0 otherwise; read by
+/// [`read_unlock`].
 ///
 /// `quiet` is for the release of a failed attempt that never had a quorum:
 /// no waiter saw it as a holder, and waking waiters for it would only start
@@ -123,8 +128,8 @@ pub(crate) static UNLOCK: LazyLock<Script> = LazyLock::new(|| {
         r#"{RELEASED}
 if redis.call("get", KEYS[1]) == ARGV[1] then
     local deleted = redis.call("del", KEYS[1])
-    if ARGV[2] ~= "quiet" then
-        released(KEYS[1])
+    if ARGV[2] ~= "quiet" and released(KEYS[1]) then
+        return 2
     end
     return deleted
 else
@@ -178,6 +183,17 @@ pub(crate) fn release_channel(lock_key: &str) -> Vec<u8> {
 /// every manager; so it is when any other part fails (a user whose ACL
 /// denies `HGETALL`, `TIME` or `HDEL`).
 ///
+/// Returns true when it named a successor (a `PUBLISH` on a manager's own
+/// channel reached a subscriber). A subscriber is not a taker: the
+/// manager's process may be stopped, or its waiters unable to use the
+/// release, so the releaser checks a moment later that the key was taken
+/// ([`HANDOFF_CHECK`]). For that check, a release that names a successor
+/// leaves its message in the key's hand-off marker (`K`, `0xFF`,
+/// `handoff`, 30 s), and one that finds registrations but names nobody
+/// deletes it: the check of an earlier release must not take a later
+/// release's free moment for its own. Releases with no registration (the
+/// uncontended path) touch neither.
+///
 /// The message and the node's clock are read once per script run, at the
 /// first key that needs them: a release of many keys ([`UNLOCK_MANY`]) pays
 /// per key only the hash read and the publish.
@@ -218,12 +234,15 @@ local function released(key)
                 break
             end
             if sent > 0 then
-                return
+                redis.pcall("set", key .. "\255handoff", message, "PX", 30000)
+                return true
             end
             redis.pcall("hdel", queue, successor)
         end
+        redis.pcall("del", key .. "\255handoff")
     end
     redis.pcall("publish", channel, message)
+    return false
 end"#;
 
 /// The bytes after a lock key in the name of its waiting managers' hash.
@@ -258,6 +277,41 @@ pub(crate) fn channel_lock_key(channel: &[u8]) -> &[u8] {
         .and_then(|c| c.strip_suffix(&[SEPARATOR]))
         .unwrap_or(channel)
 }
+
+/// Reads the reply of [`UNLOCK`] and [`UNLOCK_MANY`]: 1 released, 2
+/// released and a successor named (`Agreed(Some(2))`), 0 not ours.
+pub(crate) fn read_unlock(value: &Value) -> Result<Reply, String> {
+    match value {
+        Value::Int(2) => Ok(Reply::Agreed(Some(2))),
+        other => read_flag(other),
+    }
+}
+
+/// `KEYS` = the lock keys of a release, `ARGV[1]` = its token. Sent by the
+/// releaser, [`wait::HANDOFF_CHECK`](crate::wait::HANDOFF_CHECK) after a
+/// release that named a successor ([`UNLOCK`] returned 2), to each node
+/// that released: for each key that is still free, and whose last
+/// contended release is still this one (its hand-off marker, see
+/// [`RELEASED`], holds this release's message), publishes the release
+/// again, with the same message, on the key's [`release_channel`], for
+/// every manager, and drops the marker. A successor that took the lock left
+/// the key held, and a later release replaced or dropped the marker: then
+/// nothing is sent. Returns how many keys it published.
+pub(crate) static HANDOFF_CHECK: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r#"local message = string.sub(redis.sha1hex(ARGV[1]), 1, 16)
+local published = 0
+for _, key in ipairs(KEYS) do
+    local marker = key .. "\255handoff"
+    if not redis.call("get", key) and redis.call("get", marker) == message then
+        redis.call("del", marker)
+        redis.pcall("publish", key .. "\255released", message)
+        published = published + 1
+    end
+end
+return published"#,
+    )
+});
 
 /// `KEYS[1]` = a [`waiters_key`], `ARGV[1]` = manager id, `ARGV[2]` = lease
 /// in milliseconds. Registers the manager as waiting until the node's
@@ -458,18 +512,23 @@ return 1"#;
 /// `KEYS` = the lock keys, `ARGV[1]` = token, `ARGV[2]` = `quiet` or absent.
 /// Deletes every key that holds the token, publishing each release as
 /// [`UNLOCK`] does (the message and the clock read once for the whole
-/// set). Returns 1 when it deleted any, 0 otherwise.
+/// set). Returns 1 when it deleted any, 2 when it also named a successor
+/// for any, 0 otherwise.
 pub(crate) static UNLOCK_MANY: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
         r#"{RELEASED}
 local deleted = 0
+local named = false
 for _, key in ipairs(KEYS) do
     if redis.call("get", key) == ARGV[1] then
         deleted = deleted + redis.call("del", key)
-        if ARGV[2] ~= "quiet" then
-            released(key)
+        if ARGV[2] ~= "quiet" and released(key) then
+            named = true
         end
     end
+end
+if named then
+    return 2
 end
 if deleted > 0 then
     return 1

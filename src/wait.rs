@@ -12,21 +12,34 @@
 //!   [`expiry`] turns it into the instant a quorum of them will be free.
 //! - **Subscribe, then try.** The first refusal registers the waiter
 //!   ([`Waits::register`]), which subscribes the key's channel on every node
-//!   and waits for the confirmations; only then is the next attempt sent, so
-//!   a release between the refusal and the subscription is never slept
-//!   through.
+//!   and waits for the confirmations of a quorum of nodes (or of every node
+//!   that is not down); only then is the next attempt sent, so a release
+//!   between the refusal and the subscription is never slept through (it
+//!   deleted the key on a quorum, and two quorums share a node). A node
+//!   that hangs does not hold the waiter up.
 //! - **One subscription connection per node per manager**, shared by all
 //!   its waiters: a task per node ([`run_link`]) owns it, subscribes a
 //!   channel when its first waiter comes and unsubscribes it when the last
-//!   one leaves.
+//!   one leaves. Every call it makes on its node is bounded
+//!   ([`CALL_SLICE`]: past it, the connection counts as broken and is
+//!   made again), and what it still has to do is bounded too: the channels
+//!   that changed, as a set of at most [`MAX_DIRTY`] (past that, it
+//!   compares every channel), and at most [`SIDE_QUEUE`] batches of
+//!   registrations, dropped with the session.
 //! - **One wake-up per release per manager.** A release is published on
 //!   every node that deleted the key, with the same message (a hash of the
 //!   token); each channel remembers the last messages and counts a release
 //!   once. It wakes the first waiter of the key that is not already woken,
 //!   in registration order; the copies from the other nodes go to the same
 //!   waiter (its attempt may have overtaken the release on those nodes and
-//!   found the old holder there: it tries again). A waiter that leaves
-//!   without the lock after it was woken passes the wake-up to the next.
+//!   found the old holder there: it tries again). A wake-up its waiter
+//!   cannot use goes on to the next waiter of the key, with the copies
+//!   still to come: a waiter that leaves without the lock after it was
+//!   woken (cancelled, out of patience), and a waiter for a set of keys
+//!   whose attempt found a holder (it may be another key's). A waiter for
+//!   one key that finds a holder keeps it: the key is held again (that
+//!   holder's release wakes the next) or the release has not reached every
+//!   node yet (its copies wake the same waiter again).
 //! - **One manager woken per release, across managers.** Each manager
 //!   also subscribes its own channel for each key it waits for
 //!   ([`scripts::successor_channel`]: the key's channel, `0xFF`, its id),
@@ -45,14 +58,27 @@
 //!   denies the own channels (an ACL that allows the keys' channels only)
 //!   gets no registration: its releases wake every manager, as without
 //!   this.
+//! - **The releaser checks the hand-off.** A subscriber is not a taker:
+//!   `PUBLISH` counts the connection of a manager whose process is stopped
+//!   (SIGSTOP, a debugger, a VM paused), and a live manager's waiters may
+//!   all be unable to use the release. So an unlock script that named a
+//!   successor says so (it returns 2), and the releaser, [`HANDOFF_CHECK`]
+//!   (200 ms) later, asks each node that released: where the key is still
+//!   free and no later release of it came, the release is published again
+//!   on the key's channel, for every manager ([`check_handoff`]). A named
+//!   manager that does not take the lock delays the others by about that
+//!   much, per release that names it (a stopped one stays registered for at
+//!   most its [`LEASE`]). Only releases that named a successor pay for it:
+//!   one script per node, off the caller's path.
 //! - **Degrading.** A node whose subscription is denied (ACL), down, or
 //!   broken counts as unsubscribed. A waiter sleeps on notifications alone
 //!   only while a quorum of nodes confirmed its subscription: a release that
 //!   succeeded deleted the key on a quorum, and two quorums share a node, so
 //!   one of its messages reaches us. Otherwise it also sleeps at most the
 //!   timed retry pause (`retry_delay` + `retry_jitter`). Whenever a node's
-//!   subscription breaks or is made again, every waiter of the manager tries
-//!   once more (a release may have been missed in between).
+//!   subscription breaks or is made again after a break, every waiter of
+//!   the manager tries once more (a release may have been missed in
+//!   between).
 //! - **Foreign releases.** A client that deletes without publishing (another
 //!   Redlock library) is caught at the key's expiry and by the first waiter
 //!   of each key in each manager, which keeps the timed retry as a safety
@@ -80,6 +106,7 @@ use tokio::sync::{Notify, mpsc};
 use tokio::task::JoinHandle;
 
 use crate::node::Node;
+use crate::redlock::Inner;
 use crate::round::Request;
 use crate::scripts;
 use crate::tally::{Reply, quorum};
@@ -99,6 +126,39 @@ const MAX_BACKOFF: Duration = Duration::from_secs(1);
 /// its link renews it (every third of it): a manager that dies is named as
 /// a successor for at most this long.
 pub(crate) const LEASE: Duration = Duration::from_secs(6);
+/// The bound on each call a link makes on its node (a subscription, an
+/// unsubscription): [`CALL_SLICES`] timer slices of this, 5 s on a runtime
+/// that keeps up. Past it, the connection counts as broken and is made
+/// again: a node that hangs (paused, or a network that drops packets) ends
+/// the link's session instead of holding it for ever. The slices are
+/// counted, not the time: a slice counts once its timer fired, however
+/// late, so on a runtime too busy to poll the link (ten thousand waiters
+/// starting at once on two cores) the bound stretches with it, and a busy
+/// process is not taken for a hung node (a broken session wakes every
+/// waiter, which would only add to the load).
+const CALL_SLICE: Duration = Duration::from_millis(100);
+/// See [`CALL_SLICE`].
+const CALL_SLICES: u32 = 50;
+/// The bound on a batch of registrations (sent on the node's ordinary
+/// connection, not awaited by the link).
+const SIDE_TIMEOUT: Duration = Duration::from_secs(1);
+/// The most channels a link keeps as changed before it looks at them; past
+/// that it forgets them and compares every channel with what it has
+/// subscribed (a node that hangs must not make the queue grow with every
+/// waiter that comes and goes).
+const MAX_DIRTY: usize = 4096;
+/// The most batches of registrations (and passed-on releases) waiting to
+/// be sent to one node; past that, a batch is dropped (a registration is
+/// sent again at the next renewal; a release passed on is then published
+/// by its releaser's hand-off check, [`HANDOFF_CHECK`]).
+const SIDE_QUEUE: usize = 64;
+/// How long after a release that named a successor its releaser checks
+/// that the successor took the lock: where the key is still free and
+/// managers still wait, the release is published again for every manager
+/// ([`scripts::HANDOFF_CHECK`]). A named manager that cannot take the lock
+/// (its process stopped, or its waiters could not use the release) delays
+/// the others by about this much.
+pub(crate) const HANDOFF_CHECK: Duration = Duration::from_millis(200);
 
 /// The remaining times to live the nodes that refused an attempt reported:
 /// `Some(ms)`, or `None` for a key without expiry.
@@ -177,6 +237,63 @@ where
     }
 }
 
+/// The releaser's side of a hand-off: after a release that named a
+/// successor on some node (the unlock script answered 2, see
+/// [`scripts::UNLOCK`]), waits [`HANDOFF_CHECK`] and then, on each node in
+/// `nodes` (those that released), publishes the release again for every
+/// manager where a key is still free and no later release of it named a
+/// successor or found one ([`scripts::HANDOFF_CHECK`]). A named manager that does not take the
+/// lock (its process stopped: `PUBLISH` counted its connection; or none of
+/// its waiters could use the release) then delays the others by about
+/// [`HANDOFF_CHECK`], not until the next release or the holder's expiry.
+///
+/// Only contended releases pay for it (one script per node, later, off the
+/// caller's path); an uncontended release names nobody. The check runs on
+/// a task of the current runtime and holds the manager weakly: a manager
+/// dropped, or a runtime shut down, within [`HANDOFF_CHECK`] of the
+/// release sends none.
+pub(crate) fn check_handoff(inner: &Arc<Inner>, nodes: &[usize], keys: &[&str], token: &str) {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    let inner = Arc::downgrade(inner);
+    let nodes = nodes.to_vec();
+    let keys: Vec<Vec<u8>> = keys.iter().map(|k| k.as_bytes().to_vec()).collect();
+    let token = token.as_bytes().to_vec();
+    runtime.spawn(async move {
+        tokio::time::sleep(HANDOFF_CHECK).await;
+        let Some(inner) = inner.upgrade() else {
+            return;
+        };
+        let request = Request::Script {
+            script: &scripts::HANDOFF_CHECK,
+            keys: keys.into(),
+            args: Arc::from([token]),
+        };
+        let timeout = inner.config.node_timeout;
+        let checks = nodes.iter().map(|&index| {
+            crate::round::call(
+                inner.nodes[index].clone(),
+                index,
+                request.clone(),
+                timeout,
+                crate::round::InFlight::default(),
+            )
+        });
+        // Read only by the trace (a no-op without the `tracing` feature).
+        #[allow(unused_variables)]
+        let republished = futures::future::join_all(checks)
+            .await
+            .iter()
+            .filter(|r| matches!(r, Ok(Value::Int(n)) if *n > 0))
+            .count();
+        crate::trace::debug!(
+            republished,
+            "hand-off check: a release published again on the nodes where its key stayed free"
+        );
+    });
+}
+
 /// The waiters of one manager and its subscription connections.
 #[derive(Debug)]
 pub(crate) struct Waits {
@@ -232,10 +349,34 @@ struct Slot {
 
 #[derive(Default)]
 struct Link {
-    /// Channels whose wanted state may have changed.
-    dirty: Option<mpsc::UnboundedSender<Vec<u8>>>,
+    /// Channels whose wanted state may have changed since the link looked
+    /// (at most [`MAX_DIRTY`]).
+    dirty: HashSet<Vec<u8>>,
+    /// The link must compare every channel with what it subscribed: more
+    /// than [`MAX_DIRTY`] changed.
+    resync: bool,
+    /// Rings the link's task when `dirty` or `resync` changed: one pending
+    /// ring is enough, so the channel holds one. Dropped with the manager,
+    /// which ends the task.
+    bell: Option<mpsc::Sender<()>>,
     task: Option<JoinHandle<()>>,
     status: Status,
+}
+
+impl Link {
+    /// Marks `channel` as changed and rings the task.
+    fn mark(&mut self, channel: &[u8]) {
+        if self.dirty.len() >= MAX_DIRTY {
+            self.dirty.clear();
+            self.resync = true;
+        }
+        if !self.resync {
+            self.dirty.insert(channel.to_vec());
+        }
+        if let Some(bell) = &self.bell {
+            let _ = bell.try_send(());
+        }
+    }
 }
 
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -262,6 +403,21 @@ impl Channel {
         slot.woken = true;
         slot.wake.notify_one();
         Some(slot.id)
+    }
+
+    /// Passes the wake-up of waiter `from` (which cannot use it: it left,
+    /// or is held up by another of its keys) to the first other waiter not
+    /// already woken, and with it the releases that woke `from`: their
+    /// copies from the other nodes go to the new waiter. Returns its id.
+    fn pass_on(&mut self, from: u64) -> Option<u64> {
+        let slot = self.waiters.iter_mut().find(|s| !s.woken && s.id != from)?;
+        slot.woken = true;
+        slot.wake.notify_one();
+        let to = slot.id;
+        for (_, woke) in self.recent.iter_mut().filter(|(_, w)| *w == from) {
+            *woke = to;
+        }
+        Some(to)
     }
 }
 
@@ -296,7 +452,8 @@ impl Waits {
 
     /// Registers a waiter for `keys`, subscribes their release channels on
     /// every node where they are not yet, and waits (at most `within`) until
-    /// each node confirmed or is known to be unavailable.
+    /// a quorum of nodes confirmed, or each node confirmed or is known to be
+    /// unavailable.
     ///
     /// # Cancel safety
     /// Cancel-safe: a dropped registration leaves (and unsubscribes what no
@@ -317,10 +474,8 @@ impl Waits {
             } = &mut *state;
             for channel in &channels {
                 let entry = all.entry(channel.clone()).or_insert_with(|| {
-                    for link in links.iter() {
-                        if let Some(dirty) = &link.dirty {
-                            let _ = dirty.send(channel.clone());
-                        }
+                    for link in links.iter_mut() {
+                        link.mark(channel);
                     }
                     Channel {
                         waiters: VecDeque::new(),
@@ -339,6 +494,7 @@ impl Waits {
         let registration = Registration {
             shared: self.shared.clone(),
             id,
+            woke_by: vec![false; channels.len()],
             channels,
             wake,
             owes: false,
@@ -367,9 +523,11 @@ fn ensure_links(shared: &Arc<Shared>, state: &mut State) {
         for channel in state.channels.values_mut() {
             channel.subscribed[index] = false;
         }
-        let (dirty, changes) = mpsc::unbounded_channel();
+        let (bell, changes) = mpsc::channel(1);
         let link = &mut state.links[index];
-        link.dirty = Some(dirty);
+        link.bell = Some(bell);
+        link.dirty.clear();
+        link.resync = false;
         link.status = Status::Connecting;
         link.task = Some(runtime.spawn(run_link(Arc::downgrade(shared), index, changes)));
     }
@@ -385,24 +543,35 @@ pub(crate) struct Registration {
     /// Woke to a release and has not seen a holder since: leaving without
     /// the lock passes that wake-up on.
     owes: bool,
+    /// Per channel (as in `channels`): a release on it woke this waiter
+    /// since it last used or passed on a wake-up.
+    woke_by: Vec<bool>,
     granted: bool,
 }
 
 impl Registration {
-    /// Waits until every node confirmed this waiter's channels or is down.
+    /// Waits until a quorum of nodes confirmed this waiter's channels, or
+    /// every node confirmed them or is down. A quorum is enough: a release
+    /// that succeeded deleted the key on a quorum, and two quorums share a
+    /// node, so one of its messages reaches this waiter. A node that hangs
+    /// (paused) does not hold it up.
     async fn confirmed(&self) {
         loop {
             let changed = self.shared.changed.notified();
             let mut changed = std::pin::pin!(changed);
             changed.as_mut().enable();
-            if self.all_confirmed() {
+            if self.enough_confirmed() {
                 return;
             }
             changed.await;
         }
     }
 
-    fn all_confirmed(&self) -> bool {
+    fn enough_confirmed(&self) -> bool {
+        let nodes = self.shared.nodes.len();
+        if self.subscribed_on() >= quorum(nodes) {
+            return true;
+        }
         let state = self.shared.lock();
         self.channels.iter().all(|channel| {
             state.channels.get(channel).is_none_or(|c| {
@@ -439,10 +608,25 @@ impl Registration {
         })
     }
 
-    /// The last attempt found a holder: any wake-up this waiter had was
-    /// used.
+    /// The last attempt found a holder. On one key, any wake-up this waiter
+    /// had was used: the key has a holder again (whose release wakes the
+    /// next waiter), or the release has not reached every node yet (its
+    /// later copies wake this waiter again). On a set of keys, the holder
+    /// may be another key's: a release that woke this waiter goes on to
+    /// the next waiter of its key, in this manager, as if this one had
+    /// left. A key with no other waiter here keeps it: the releaser's
+    /// hand-off check ([`HANDOFF_CHECK`]) tells the other managers.
     pub(crate) fn saw_holder(&mut self) {
+        if self.owes && self.channels.len() > 1 {
+            let mut state = self.shared.lock();
+            for (channel, woke) in self.channels.iter().zip(&self.woke_by) {
+                if let (true, Some(entry)) = (*woke, state.channels.get_mut(channel)) {
+                    let _ = entry.pass_on(self.id);
+                }
+            }
+        }
         self.owes = false;
+        self.woke_by.iter_mut().for_each(|w| *w = false);
     }
 
     /// Sleeps until a release wakes this waiter (`true`) or until `at`
@@ -459,10 +643,11 @@ impl Registration {
         if woke {
             self.owes = true;
             let mut state = self.shared.lock();
-            for channel in &self.channels {
+            for (channel, woke_by) in self.channels.iter().zip(&mut self.woke_by) {
                 if let Some(entry) = state.channels.get_mut(channel)
                     && let Some(slot) = entry.waiters.iter_mut().find(|s| s.id == self.id)
                 {
+                    *woke_by |= slot.woken;
                     slot.woken = false;
                 }
             }
@@ -485,7 +670,7 @@ impl Drop for Registration {
             links,
             ..
         } = &mut *state;
-        for channel in &self.channels {
+        for (channel, woke_by) in self.channels.iter().zip(&self.woke_by) {
             let Some(entry) = all.get_mut(channel) else {
                 continue;
             };
@@ -493,15 +678,13 @@ impl Drop for Registration {
                 continue;
             };
             let slot = entry.waiters.remove(at).expect("found above");
-            if !self.granted && (slot.woken || self.owes) {
-                let _ = entry.wake_one();
+            if !self.granted && (slot.woken || (self.owes && *woke_by)) {
+                let _ = entry.pass_on(self.id);
             }
             if entry.waiters.is_empty() {
                 all.remove(channel);
-                for link in links.iter() {
-                    if let Some(dirty) = &link.dirty {
-                        let _ = dirty.send(channel.clone());
-                    }
+                for link in links.iter_mut() {
+                    link.mark(channel);
                 }
             }
         }
@@ -589,26 +772,27 @@ enum Ended {
 /// every channel that has waiters, then delivers messages and follows the
 /// channels' changes, until the connection breaks (then again, after a
 /// backoff) or the manager is dropped (it holds only a weak reference).
-async fn run_link(
-    shared: Weak<Shared>,
-    index: usize,
-    mut changes: mpsc::UnboundedReceiver<Vec<u8>>,
-) {
+async fn run_link(shared: Weak<Shared>, index: usize, mut changes: mpsc::Receiver<()>) {
     let mut backoff = FIRST_BACKOFF;
+    // Whether a session of this link was up before: when the next one comes
+    // up, every waiter tries once more (a release may have come while the
+    // subscription was down).
+    let mut was_up = false;
     loop {
-        // Whether this session came up: only then does its end wake the
-        // waiters and reset the backoff (a node that stays down must not
-        // wake every waiter at each reconnection attempt).
-        let mut was_up = false;
         let Some(node) = shared.upgrade().map(|s| s.nodes[index].clone()) else {
             return;
         };
+        // Whether this session came up: only then does its end wake the
+        // waiters and reset the backoff (a node that stays down must not
+        // wake every waiter at each reconnection attempt).
+        let mut up = false;
         let ended = match node.pubsub().await {
             Err(_) => Ended::Broken,
             Ok(pubsub) => {
-                let ended = serve(&shared, index, pubsub, &mut changes, &mut was_up).await;
-                if was_up {
+                let ended = serve(&shared, index, pubsub, &mut changes, was_up, &mut up).await;
+                if up {
                     backoff = FIRST_BACKOFF;
+                    was_up = true;
                 }
                 ended
             }
@@ -622,7 +806,7 @@ async fn run_link(
             return;
         };
         set_status(&strong, index, Status::Down);
-        if was_up {
+        if up {
             wake_all(&strong.lock());
         }
         drop(strong);
@@ -640,18 +824,53 @@ async fn run_link(
     }
 }
 
-/// Runs one subscription connection until it ends.
+/// `work`, bounded by [`CALL_SLICES`] slices of [`CALL_SLICE`]: a call
+/// that does not finish within them counts as a broken connection.
+async fn bounded<F>(work: F) -> Result<(), Ended>
+where
+    F: std::future::Future<Output = Result<(), Ended>>,
+{
+    let mut work = std::pin::pin!(work);
+    for _ in 0..CALL_SLICES {
+        if let Ok(done) = tokio::time::timeout(CALL_SLICE, work.as_mut()).await {
+            return done;
+        }
+    }
+    Err(Ended::Broken)
+}
+
+/// Aborts the session's task that sends registrations when the session
+/// ends: a node that hangs must not keep a queue of them alive.
+struct AbortOnDrop(JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Runs one subscription connection until it ends. `was_up`: an earlier
+/// session of the link was up (then every waiter tries once more when this
+/// one is); `up` is set once this one is.
 async fn serve(
     shared: &Weak<Shared>,
     index: usize,
     pubsub: redis::aio::PubSub,
-    changes: &mut mpsc::UnboundedReceiver<Vec<u8>>,
-    was_up: &mut bool,
+    changes: &mut mpsc::Receiver<()>,
+    was_up: bool,
+    up: &mut bool,
 ) -> Ended {
     let (mut sink, mut stream) = pubsub.split();
     let (wanted, node, id, lease) = match shared.upgrade() {
         Some(s) => {
-            let wanted: Vec<Vec<u8>> = s.lock().channels.keys().cloned().collect();
+            let mut state = s.lock();
+            // Every channel wanted now is subscribed below: the changes
+            // noted so far are covered.
+            let link = &mut state.links[index];
+            link.dirty.clear();
+            link.resync = false;
+            let wanted: Vec<Vec<u8>> = state.channels.keys().cloned().collect();
+            drop(state);
             (wanted, s.nodes[index].clone(), s.id.clone(), s.lease)
         }
         None => return Ended::Closed,
@@ -663,16 +882,17 @@ async fn serve(
     // from a task of their own, so that this one keeps reading messages.
     // Their order against the subscriptions does not matter for safety: a
     // release that names this manager where it is not subscribed reaches
-    // nobody, and is then published for every manager.
-    let (side, mut queued) = mpsc::unbounded_channel::<Vec<redis::Cmd>>();
-    tokio::spawn({
+    // nobody, and is then published for every manager. The queue is
+    // bounded, and the task ends with the session.
+    let (side, mut queued) = mpsc::channel::<Vec<redis::Cmd>>(SIDE_QUEUE);
+    let _sender = AbortOnDrop(tokio::spawn({
         let node = node.clone();
         async move {
             while let Some(cmds) = queued.recv().await {
                 queue_commands(&node, cmds).await;
             }
         }
-    });
+    }));
     let mut session = Session {
         actual: HashSet::new(),
         owned: HashSet::new(),
@@ -686,12 +906,12 @@ async fn serve(
         return Ended::Closed;
     };
     set_status(&strong, index, Status::Up);
-    if *was_up {
+    if was_up {
         // Made again: a release may have come while it was down.
         wake_all(&strong.lock());
     }
     drop(strong);
-    *was_up = true;
+    *up = true;
     let mut renew = tokio::time::interval_at((Instant::now() + lease / 3).into(), lease / 3);
     renew.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -717,26 +937,29 @@ async fn serve(
                     // told instead, on the key's channel.
                     let mut cmd = redis::cmd("PUBLISH");
                     cmd.arg(&channel).arg(hash);
-                    let _ = side.send(vec![cmd]);
+                    let _ = side.try_send(vec![cmd]);
                 }
             }
             _ = renew.tick() => {
                 let cmds = session.owned.iter().map(|c| register_cmd(c, &id, lease)).collect();
-                let _ = side.send(cmds);
+                let _ = side.try_send(cmds);
             }
             change = changes.recv() => {
-                let Some(first) = change else {
+                if change.is_none() {
                     return Ended::Closed;
-                };
-                let mut batch: HashSet<Vec<u8>> = HashSet::from([first]);
-                while let Ok(more) = changes.try_recv() {
-                    batch.insert(more);
                 }
                 let Some(strong) = shared.upgrade() else {
                     return Ended::Closed;
                 };
                 let (add, remove): (Vec<_>, Vec<_>) = {
                     let mut state = strong.lock();
+                    let link = &mut state.links[index];
+                    let resync = std::mem::take(&mut link.resync);
+                    let mut batch = std::mem::take(&mut link.dirty);
+                    if resync {
+                        batch.extend(state.channels.keys().cloned());
+                        batch.extend(session.actual.iter().cloned());
+                    }
                     // A channel wanted again before its unsubscription went
                     // out is still subscribed here: confirm it to the new
                     // waiters.
@@ -747,15 +970,15 @@ async fn serve(
                             entry.subscribed[index] = true;
                         }
                     }
+                    let split = batch
+                        .into_iter()
+                        .filter(|c| state.channels.contains_key(c) != session.actual.contains(c))
+                        .partition(|c| state.channels.contains_key(c));
                     drop(state);
                     if confirmed {
                         strong.changed.notify_waiters();
                     }
-                    let state = strong.lock();
-                    batch
-                        .into_iter()
-                        .filter(|c| state.channels.contains_key(c) != session.actual.contains(c))
-                        .partition(|c| state.channels.contains_key(c))
+                    split
                 };
                 drop(strong);
                 for chunk in remove.chunks(BATCH) {
@@ -772,15 +995,18 @@ async fn serve(
                             cmd
                         })
                         .collect();
-                    let _ = side.send(cmds);
+                    let _ = side.try_send(cmds);
                     let mut names = chunk.to_vec();
                     for c in chunk {
                         if session.owned.remove(c) {
                             names.push(scripts::successor_channel(c, &id));
                         }
                     }
-                    if sink.unsubscribe(names).await.is_err() {
-                        return Ended::Broken;
+                    let unsubscribed = bounded(async {
+                        sink.unsubscribe(names).await.map_err(|_| Ended::Broken)
+                    });
+                    if let Err(ended) = unsubscribed.await {
+                        return ended;
                     }
                     for c in chunk {
                         session.actual.remove(c);
@@ -808,7 +1034,7 @@ fn register_cmd(channel: &[u8], id: &str, lease: Duration) -> redis::Cmd {
 }
 
 /// Sends `cmds` to the node on its ordinary connection in one pipeline,
-/// within a second, ignoring the replies: a registration that fails (an
+/// within [`SIDE_TIMEOUT`], ignoring the replies: a registration that fails (an
 /// ACL, a node down) only means that releases there do not name this
 /// manager, and its waiters are woken as before the registration.
 async fn queue_commands(node: &Node, cmds: Vec<redis::Cmd>) {
@@ -819,7 +1045,7 @@ async fn queue_commands(node: &Node, cmds: Vec<redis::Cmd>) {
     for cmd in cmds {
         pipe.add_command(cmd).ignore();
     }
-    let _ = tokio::time::timeout(Duration::from_secs(1), async {
+    let _ = tokio::time::timeout(SIDE_TIMEOUT, async {
         if let Ok(conn) = node.connection().await {
             let mut conn = conn.conn;
             let _: Result<(), _> = pipe.query_async(&mut conn).await;
@@ -853,7 +1079,7 @@ async fn subscribe(
     index: usize,
     sink: &mut redis::aio::PubSubSink,
     session: &mut Session,
-    side: &mpsc::UnboundedSender<Vec<redis::Cmd>>,
+    side: &mpsc::Sender<Vec<redis::Cmd>>,
     channels: Vec<Vec<u8>>,
 ) -> Result<(), Ended> {
     let denied = |e: redis::RedisError| {
@@ -864,7 +1090,7 @@ async fn subscribe(
         }
     };
     for chunk in channels.chunks(BATCH) {
-        sink.subscribe(chunk).await.map_err(denied)?;
+        bounded(async { sink.subscribe(chunk).await.map_err(denied) }).await?;
         session.actual.extend(chunk.iter().cloned());
         let Some(strong) = shared.upgrade() else {
             return Err(Ended::Closed);
@@ -887,7 +1113,7 @@ async fn subscribe(
             .iter()
             .map(|c| scripts::successor_channel(c, &id))
             .collect();
-        match sink.subscribe(own).await.map_err(denied) {
+        match bounded(async { sink.subscribe(own).await.map_err(denied) }).await {
             Ok(()) => {}
             Err(Ended::Denied) => {
                 session.named = false;
@@ -897,7 +1123,7 @@ async fn subscribe(
         }
         session.owned.extend(chunk.iter().cloned());
         let cmds = chunk.iter().map(|c| register_cmd(c, &id, lease)).collect();
-        let _ = side.send(cmds);
+        let _ = side.try_send(cmds);
     }
     Ok(())
 }
@@ -936,6 +1162,50 @@ mod tests {
             vec![Some(0), None, Some(7)],
             "-5 is no PTTL reply"
         );
+    }
+
+    #[test]
+    fn a_link_keeps_a_bounded_set_of_changes() {
+        // A link whose task does not read (its node hangs) while waiters
+        // come and go on ever new keys.
+        let (bell, mut rings) = mpsc::channel(1);
+        let mut link = Link {
+            bell: Some(bell),
+            ..Link::default()
+        };
+        for round in 0..3 {
+            for k in 0..MAX_DIRTY * 3 {
+                link.mark(format!("key:{round}:{k}").as_bytes());
+                // The same channel again (its waiter left) adds nothing.
+                link.mark(format!("key:{round}:{k}").as_bytes());
+                assert!(link.dirty.len() <= MAX_DIRTY);
+            }
+        }
+        assert!(link.resync, "past the bound, the link compares everything");
+        assert!(rings.try_recv().is_ok(), "rung");
+        assert!(rings.try_recv().is_err(), "one ring pending at most");
+    }
+
+    #[test]
+    fn a_wake_up_passed_on_takes_the_later_copies_with_it() {
+        let slot = |id| Slot {
+            id,
+            wake: Arc::new(Notify::new()),
+            woken: false,
+        };
+        let mut channel = Channel {
+            waiters: VecDeque::from([slot(0), slot(1), slot(2)]),
+            subscribed: vec![],
+            recent: VecDeque::new(),
+        };
+        let first = channel.wake_one();
+        channel.recent.push_back((b"m".to_vec(), first.unwrap()));
+        // Waiter 0 woke (its flag reset) and cannot use it.
+        channel.waiters[0].woken = false;
+        assert_eq!(channel.pass_on(0), Some(1), "not back to itself");
+        assert_eq!(channel.recent[0].1, 1, "the release's copies go to 1");
+        assert_eq!(channel.pass_on(0), Some(2), "1 is woken already");
+        assert_eq!(channel.pass_on(0), None);
     }
 
     #[test]
