@@ -4,8 +4,10 @@
 //! `three-clients` (3 nodes, 3 clients, 3 ticks, safety only, random walks
 //! for SECONDS),
 //! `random3` / `random5` (every nemesis, random walks for SECONDS, default
-//! 120), and the negative models `no-guard`, `incr`, `no-generation`.
-use redlock_model::{check, Cfg, Fencing, Search};
+//! 120), and the negative models `no-guard`, `incr`, `no-generation`;
+//! the shared fencing counter of issue 21: `shared-counter` (positive, every
+//! state) and its negative models `resync-at-once`, `trust-missing`.
+use redlock_model::{check, Cfg, Fencing, Resync, Search};
 
 fn main() {
     let mode = std::env::args().nth(1).unwrap_or_else(|| "quick".into());
@@ -29,6 +31,17 @@ fn main() {
             Cfg { fencing: Fencing::Generation, ..Cfg::fencing_without_generations() },
             Search::Bfs,
             None,
+        ),
+        "shared-counter" => (Cfg::shared_counter(), Search::Bfs, None),
+        "resync-at-once" => (
+            Cfg { resync: Resync::Always, symmetry: false, ..Cfg::shared_counter() },
+            Search::Dfs { max_depth: 40 },
+            Some("fencing tokens increase"),
+        ),
+        "trust-missing" => (
+            Cfg { resync: Resync::MissingTrusted, other_fences: 0, symmetry: false, ..Cfg::shared_counter() },
+            Search::Bfs,
+            Some("fencing tokens increase"),
         ),
         _ => (Cfg::quick(), Search::Bfs, None),
     };
