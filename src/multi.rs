@@ -273,7 +273,12 @@ pub(crate) fn fence_request(
         .chain([counter.as_slice()])
         .collect();
     match number {
-        None => marked(generation, &scripts::FENCE_READ, &keys, &[lock.token.as_bytes()]),
+        None => marked(
+            generation,
+            &scripts::FENCE_READ,
+            &keys,
+            &[lock.token.as_bytes()],
+        ),
         Some((number, trust)) => {
             let number = number.to_string();
             let args: Vec<&[u8]> = [lock.token.as_bytes(), number.as_bytes()]

@@ -308,7 +308,12 @@ async fn only_the_holder_gets_a_token() {
         counters(&cluster)
     );
     // the key taken over by someone else on every node
-    cluster.plant(&[0, 1, 2, 3, 4], &res, "other-holder", TTL);
+    cluster.plant(
+        &[0, 1, 2, 3, 4],
+        &format!("{prefix}{res}"),
+        "other-holder",
+        TTL,
+    );
     let err = redlock.fencing_token(&lock).await.expect_err("not ours");
     assert!(matches!(err, Error::NotHeld { .. }), "{err}");
     // the refused call's requests to the slower nodes may still be in
