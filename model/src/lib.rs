@@ -11,7 +11,9 @@
 //! generation markers, the restart guard and the generation-checked fencing
 //! read (issue 11) are implemented in `src/generation.rs`, `src/scripts.rs`
 //! and `src/fence.rs`; this model was their specification first (see
-//! README.md).
+//! README.md). Issue 21's shared counter (one fencing counter per node for
+//! every name, `Resync`, `Cfg::other_fences`) was modeled before it was
+//! implemented in `src/fence.rs`.
 //!
 //! Properties (see [`LockModel::properties`]):
 //! - `mutual exclusion`: at no instant do two clients believe they hold the
