@@ -198,13 +198,14 @@ pub enum Error {
 
     /// [`Redlock::fencing_token`](crate::Redlock::fencing_token) could not
     /// prove that the number it would give is larger than every earlier
-    /// token: too many of the nodes that answered have lost their data since
-    /// the last token (their counters are missing or from an earlier
-    /// generation), or too few answered. It fails closed rather than risk a
-    /// repeat. Ask again once every node answers, and once a node that lost
-    /// its data has been back for the restart guard's `max_ttl`.
+    /// token: too many of the nodes that answered have an untrusted counter
+    /// (missing, bare, or from an earlier generation: a node that lost its
+    /// data, or the first tokens on brand-new nodes), or too few answered.
+    /// It fails closed rather than risk a repeat. Ask again once more nodes
+    /// answer; a token made while every node answers trusts the nodes whose
+    /// markers are a few seconds old.
     #[error(
-        "fencing token for {resource:?} not proven: {answered} of {nodes} nodes answered with their counter, {untrusted} of them with a counter missing or from an earlier generation (a node that lost its data, or never had the counter); every node must answer (and, under the restart guard, be at least max_ttl old) to re-synchronise them; {}",
+        "fencing token for {resource:?} not proven: {answered} of {nodes} nodes answered with their counter, {untrusted} of them untrusted (missing, bare or from an earlier generation: a node that lost its data, or brand-new nodes); more trusted nodes must answer, or every node, which then trusts the nodes whose markers are a few seconds old; {}",
         NodeFailures(.failures)
     )]
     FencingUnproven {

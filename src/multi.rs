@@ -263,44 +263,41 @@ pub(crate) fn unlock_request(keys: &[&str], token: &str, quiet: bool) -> Request
 }
 
 /// The fencing read (`number` = `None`) or write of a lock: the lock keys,
-/// then their counter keys, then the generation marker. On one key that is
-/// the layout of [`scripts::FENCE_READ`] and [`scripts::FENCE_WRITE`], which
-/// it uses. Their replies are read by [`Generation::reader`] over
-/// [`scripts::read_fence`] and [`scripts::read_flag`].
-pub(crate) fn fence_request(generation: &Generation, lock: &Lock, number: Option<u64>) -> Request {
-    let counters: Vec<Vec<u8>> = lock.keys().map(scripts::fence_key).collect();
+/// then their legacy counter keys, then the node's counter, then the
+/// generation marker ([`scripts::FENCE_READ`], [`scripts::FENCE_WRITE`],
+/// for one key or several). The write names the generations it may trust
+/// the counter in (`trust`). Their replies are read by
+/// [`Generation::reader`] over [`scripts::read_fence`] and
+/// [`scripts::read_flag`].
+pub(crate) fn fence_request(
+    generation: &Generation,
+    prefix: &str,
+    lock: &Lock,
+    number: Option<(u64, &[Vec<u8>])>,
+) -> Request {
+    let legacy: Vec<Vec<u8>> = lock.keys().map(scripts::legacy_fence_key).collect();
+    let counter = scripts::fence_key(prefix);
     let keys: Vec<&[u8]> = lock
         .keys()
         .map(str::as_bytes)
-        .chain(counters.iter().map(Vec::as_slice))
+        .chain(legacy.iter().map(Vec::as_slice))
+        .chain([counter.as_slice()])
         .collect();
-    let several = !lock.rest.is_empty();
-    let number = number.map(|n| n.to_string());
-    match (&number, several) {
-        (None, false) => marked(
+    match number {
+        None => marked(
             generation,
             &scripts::FENCE_READ,
             &keys,
             &[lock.token.as_bytes()],
         ),
-        (None, true) => marked(
-            generation,
-            &scripts::FENCE_READ_MANY,
-            &keys,
-            &[lock.token.as_bytes()],
-        ),
-        (Some(n), false) => marked(
-            generation,
-            &scripts::FENCE_WRITE,
-            &keys,
-            &[lock.token.as_bytes(), n.as_bytes()],
-        ),
-        (Some(n), true) => marked(
-            generation,
-            &scripts::FENCE_WRITE_MANY,
-            &keys,
-            &[lock.token.as_bytes(), n.as_bytes()],
-        ),
+        Some((number, trust)) => {
+            let number = number.to_string();
+            let args: Vec<&[u8]> = [lock.token.as_bytes(), number.as_bytes()]
+                .into_iter()
+                .chain(trust.iter().map(Vec::as_slice))
+                .collect();
+            marked(generation, &scripts::FENCE_WRITE, &keys, &args)
+        }
     }
 }
 

@@ -12,10 +12,16 @@
 //! - The lock key is the manager's key prefix followed by the resource name,
 //!   as in the other Redlock clients, so that a mixed fleet excludes each
 //!   other on the same keys.
-//! - The fencing counter of a lock key `K` is `K`, then the byte `0xFF`, then
-//!   `fence`. Resource names and prefixes are UTF-8, and `0xFF` never occurs
-//!   in UTF-8, so no lock key of any resource can ever equal a counter key.
-//!   It holds `<number>:<generation>` (see [`generation`]).
+//! - The fencing counter is one key per node for every resource: the
+//!   manager's key prefix, then the byte `0xFF`, then `counter`
+//!   ([`fence_key`]). Resource names and prefixes are UTF-8, and `0xFF`
+//!   never occurs in UTF-8, so no lock key can ever equal it. It holds
+//!   `<number>:<generation>` (trusted in that generation of the node) or a
+//!   bare `<number>` (untrusted; see [`generation`]).
+//! - Versions before it kept one counter per lock key `K`: `K`, then `0xFF`,
+//!   then `fence` ([`legacy_fence_key`]). The fencing read takes such a key
+//!   as a floor where it is still there, and the write deletes it once the
+//!   node's counter holds as much.
 //! - The release channel of a lock key `K` (pub/sub, a namespace apart from
 //!   keys) is `K`, then `0xFF`, then `released` ([`release_channel`]): no
 //!   channel named by a UTF-8 string can equal it.
@@ -26,8 +32,8 @@
 //!   `K`, `0xFF`, `handoff` for 30 s, for the releaser's hand-off check
 //!   ([`HANDOFF_CHECK`]).
 //! - The generation marker of a node is the key prefix, then `0xFF`, then
-//!   `generation`: no lock key either, and no counter key (a counter key has
-//!   a non-empty resource name before its `0xFF`, and ends in `fence`).
+//!   `generation`: no lock key either, and no counter key (the counter ends
+//!   in `counter`, an older counter key in `fence`).
 
 use std::sync::LazyLock;
 
@@ -40,8 +46,19 @@ use crate::tally::Reply;
 /// it: never part of a UTF-8 string, so never part of a lock key.
 const SEPARATOR: u8 = 0xFF;
 
-/// The fencing counter key of a lock key; see the module docs.
-pub(crate) fn fence_key(lock_key: &str) -> Vec<u8> {
+/// The fencing counter key of a manager's key prefix, one per node for
+/// every resource; see the module docs.
+pub(crate) fn fence_key(prefix: &str) -> Vec<u8> {
+    let mut key = Vec::with_capacity(prefix.len() + 8);
+    key.extend_from_slice(prefix.as_bytes());
+    key.push(SEPARATOR);
+    key.extend_from_slice(b"counter");
+    key
+}
+
+/// The per-resource fencing counter key of versions before the shared
+/// counter, for a lock key; read as a floor, deleted once covered.
+pub(crate) fn legacy_fence_key(lock_key: &str) -> Vec<u8> {
     let mut key = Vec::with_capacity(lock_key.len() + 6);
     key.extend_from_slice(lock_key.as_bytes());
     key.push(SEPARATOR);
@@ -82,7 +99,8 @@ pub(crate) fn read_extend(value: &Value) -> Result<Reply, String> {
     }
 }
 
-/// Reads the body's reply of the fencing read: `{counter, trusted, ours}`.
+/// Reads the body's reply of the fencing read: `{counter, trusted, ours,
+/// generation}` (the generation is read by [`fence_generation`]).
 pub(crate) fn read_fence(value: &Value) -> Result<Reply, String> {
     match value {
         Value::Array(parts) => match parts.as_slice() {
@@ -90,6 +108,7 @@ pub(crate) fn read_fence(value: &Value) -> Result<Reply, String> {
                 Value::Int(n),
                 Value::Int(t @ (0 | 1)),
                 Value::Int(ours @ (0 | 1)),
+                Value::BulkString(_),
             ] if *n >= 0 => {
                 let trusted = *t == 1;
                 Ok(match (*ours == 1, trusted) {
@@ -104,6 +123,21 @@ pub(crate) fn read_fence(value: &Value) -> Result<Reply, String> {
             _ => Err(format!("{value:?}")),
         },
         other => Err(format!("{other:?}")),
+    }
+}
+
+/// The node's generation and the marker's age in milliseconds from a whole
+/// fencing read reply (`{body, age}`, see [`generation::with_marker`]).
+pub(crate) fn fence_generation(value: &Value) -> Option<(Vec<u8>, i64)> {
+    let Value::Array(parts) = value else {
+        return None;
+    };
+    let [Value::Array(body), Value::Int(age)] = parts.as_slice() else {
+        return None;
+    };
+    match body.as_slice() {
+        [_, _, _, Value::BulkString(generation)] => Some((generation.clone(), *age)),
+        _ => None,
     }
 }
 
@@ -370,67 +404,120 @@ end"#;
 pub(crate) static CHECK_MARKED: LazyLock<Script> =
     LazyLock::new(|| generation::with_marker(CHECK_BODY));
 
-/// `KEYS[1]` = lock key, `KEYS[2]` = fencing counter key, `ARGV[1]` = token;
-/// with the generation marker. Returns `{counter, trusted, ours}`: the
-/// counter's number (0 if missing); 1 when it was written in the node's
-/// current generation, 0 when it is missing or from an earlier one (see
-/// [`generation`]); and 1 when the lock holds the token there. The counter
-/// is read whoever holds the lock on that node: a read made after the grant
-/// comes after every earlier holder's acknowledged write, so any counter
-/// is a valid lower bound.
-pub(crate) static FENCE_READ: LazyLock<Script> = LazyLock::new(|| {
-    generation::with_marker(&format!(
-        r#"{COUNTER}
-local number, trusted = counter(KEYS[2])
-local ours = 0
-if redis.call("get", KEYS[1]) == ARGV[1] then
-    ours = 1
-end
-return {{number, trusted, ours}}"#
-    ))
-});
+/// `KEYS` = the lock keys of a lock (one or more), then their
+/// [`legacy_fence_key`]s in the same order, then the node's counter
+/// ([`fence_key`]); `ARGV[1]` = token; with the generation marker. Returns
+/// `{counter, trusted, ours, generation}`: the larger of the counter's
+/// number and the legacy counters' (0 if all are missing); 1 when the
+/// counter is trusted, i.e. written in the node's current generation and
+/// not bare, 0 otherwise (see [`generation`]); 1 when every lock key holds
+/// the token there; and the node's generation. The counter is read whoever
+/// holds the lock on that node: a read made after the grant comes after
+/// every earlier holder's acknowledged write, so any counter is a valid
+/// lower bound.
+pub(crate) static FENCE_READ: LazyLock<Script> =
+    LazyLock::new(|| generation::with_marker(&format!("{COUNTER}\n{FENCE_READ_BODY}")));
 
-/// `KEYS[1]` = lock key, `KEYS[2]` = fencing counter key, `ARGV[1]` = token,
-/// `ARGV[2]` = the new fencing number; with the generation marker. Where the
-/// lock holds the token, raises the counter to the number within the node's
-/// generation (never lowers it), or sets it outright when the counter is
-/// missing or from an earlier generation, and returns 1; elsewhere 0.
-pub(crate) static FENCE_WRITE: LazyLock<Script> = LazyLock::new(|| {
-    generation::with_marker(&format!(
-        r#"{COUNTER}
-if redis.call("get", KEYS[1]) ~= ARGV[1] then
-    return 0
+const FENCE_READ_BODY: &str = r#"local n = (#KEYS - 1) / 2
+local highest, trusted = counter(KEYS[#KEYS])
+local ours = 1
+for i = 1, n do
+    if redis.call("get", KEYS[i]) ~= ARGV[1] then
+        ours = 0
+    end
+    local floor = legacy(KEYS[n + i])
+    if floor > highest then
+        highest = floor
+    end
 end
-raise(KEYS[2], ARGV[2])
-return 1"#
-    ))
-});
+return {highest, trusted, ours, generation}"#;
 
-/// Lua helpers of the fencing scripts, over a counter stored as
-/// `<number>:<generation>` (`generation` is the prelude's local):
+/// `KEYS` as [`FENCE_READ`]; `ARGV[1]` = token, `ARGV[2]` = the new fencing
+/// number, then the generations the write may trust the counter in; with
+/// the generation marker. Where every lock key holds the token: raises the
+/// counter to the number (never lowers it); keeps it trusted when it was,
+/// makes it trusted when the node's generation is one of those named, and
+/// stores it bare (untrusted) otherwise; deletes each legacy counter that
+/// the counter now holds as much as; returns 1. Elsewhere changes nothing
+/// and returns 0.
+pub(crate) static FENCE_WRITE: LazyLock<Script> =
+    LazyLock::new(|| generation::with_marker(&format!("{COUNTER}\n{FENCE_WRITE_BODY}")));
+
+const FENCE_WRITE_BODY: &str = r#"local n = (#KEYS - 1) / 2
+for i = 1, n do
+    if redis.call("get", KEYS[i]) ~= ARGV[1] then
+        return 0
+    end
+end
+local permitted = false
+for i = 3, #ARGV do
+    if ARGV[i] == generation then
+        permitted = true
+    end
+end
+local value = raise(KEYS[#KEYS], ARGV[2], permitted)
+for i = 1, n do
+    local floor = redis.call("get", KEYS[n + i])
+    if floor and legacy(KEYS[n + i]) <= value then
+        redis.call("del", KEYS[n + i])
+    end
+end
+return 1"#;
+
+/// Lua helpers of the fencing scripts (`generation` is the prelude's
+/// local). The counter holds `<number>:<generation>` (trusted when that is
+/// the node's current generation) or a bare `<number>` (untrusted).
 /// `counter(key)` returns the number (0 if missing) and 1 if it is trusted;
-/// `raise(key, number)` writes the number unless a trusted counter already
-/// holds as much.
-const COUNTER: &str = r#"local function counter(key)
+/// `legacy(key)` the number of an older version's per-resource counter (0
+/// if missing); `raise(key, number, permitted)` stores the larger of the
+/// stored number and `number` (a decimal string), tagged with the
+/// generation when the counter was trusted or `permitted`, bare otherwise,
+/// and returns the number stored. Numbers are compared as Lua numbers and
+/// stored as the strings they came in.
+const COUNTER: &str = r#"local function parse(stored)
+    local sep = string.find(stored, ":", 1, true)
+    if not sep then
+        return tonumber(stored) or 0, stored, nil
+    end
+    local text = string.sub(stored, 1, sep - 1)
+    return tonumber(text) or 0, text, string.sub(stored, sep + 1)
+end
+local function counter(key)
     local stored = redis.call("get", key)
     if not stored then
         return 0, 0
     end
-    local sep = string.find(stored, ":", 1, true)
-    if not sep then
-        return tonumber(stored) or 0, 0
-    end
-    local number = tonumber(string.sub(stored, 1, sep - 1)) or 0
-    if string.sub(stored, sep + 1) == generation then
+    local number, _, tag = parse(stored)
+    if tag == generation then
         return number, 1
     end
     return number, 0
 end
-local function raise(key, number)
-    local current, trusted = counter(key)
-    if trusted == 0 or tonumber(number) > current then
-        redis.call("set", key, number .. ":" .. generation)
+local function legacy(key)
+    local stored = redis.call("get", key)
+    if not stored then
+        return 0
     end
+    local number = parse(stored)
+    return number
+end
+local function raise(key, text, permitted)
+    local number = tonumber(text)
+    local stored = redis.call("get", key)
+    local current, current_text, tag = 0, nil, nil
+    if stored then
+        current, current_text, tag = parse(stored)
+    end
+    local trusted = permitted or (stored ~= nil and tag == generation)
+    if current_text and current >= number then
+        number, text = current, current_text
+    end
+    if trusted then
+        redis.call("set", key, text .. ":" .. generation)
+    else
+        redis.call("set", key, text)
+    end
+    return number
 end"#;
 
 /// Reads the reply of [`ACQUIRE_MANY`]: 1 where it set every key; the value
@@ -552,51 +639,8 @@ return 1"#;
 pub(crate) static CHECK_MANY_MARKED: LazyLock<Script> =
     LazyLock::new(|| generation::with_marker(CHECK_MANY_BODY));
 
-/// `KEYS` = the n lock keys, then their n fencing counter keys in the same
-/// order; `ARGV[1]` = token; with the generation marker. Returns
-/// `{largest counter, trusted, ours}` as [`FENCE_READ`] does: trusted (1)
-/// only when every counter is, ours (1) only when every lock key holds the
-/// token.
-pub(crate) static FENCE_READ_MANY: LazyLock<Script> = LazyLock::new(|| {
-    generation::with_marker(&format!(
-        r#"{COUNTER}
-local n = #KEYS / 2
-local highest, all_trusted, ours = 0, 1, 1
-for i = 1, n do
-    if redis.call("get", KEYS[i]) ~= ARGV[1] then
-        ours = 0
-    end
-    local number, trusted = counter(KEYS[n + i])
-    if number > highest then
-        highest = number
-    end
-    if trusted == 0 then
-        all_trusted = 0
-    end
-end
-return {{highest, all_trusted, ours}}"#
-    ))
-});
-
-/// `KEYS` as [`FENCE_READ_MANY`]; `ARGV[1]` = token, `ARGV[2]` = the new
-/// fencing number; with the generation marker. Where every lock key holds
-/// the token, raises each counter as [`FENCE_WRITE`] does and returns 1;
-/// elsewhere changes nothing and returns 0.
-pub(crate) static FENCE_WRITE_MANY: LazyLock<Script> = LazyLock::new(|| {
-    generation::with_marker(&format!(
-        r#"{COUNTER}
-local n = #KEYS / 2
-for i = 1, n do
-    if redis.call("get", KEYS[i]) ~= ARGV[1] then
-        return 0
-    end
-end
-for i = 1, n do
-    raise(KEYS[n + i], ARGV[2])
-end
-return 1"#
-    ))
-});
+// The fencing scripts above take any number of lock keys: a lock on
+// several resources uses them too (there are no `FENCE_*_MANY` scripts).
 
 #[cfg(test)]
 mod tests {
@@ -630,8 +674,22 @@ mod tests {
                 Value::Int(n),
                 Value::Int(t),
                 Value::Int(o),
+                Value::BulkString(b"17:g".to_vec()),
             ]))
         };
+        assert_eq!(
+            fence_generation(&Value::Array(vec![
+                Value::Array(vec![
+                    Value::Int(7),
+                    Value::Int(0),
+                    Value::Int(1),
+                    Value::BulkString(b"17:g".to_vec()),
+                ]),
+                Value::Int(9000),
+            ])),
+            Some((b"17:g".to_vec(), 9000))
+        );
+        assert_eq!(fence_generation(&Value::Int(7)), None);
         assert_eq!(read(7, 1, 1), Ok(Reply::Agreed(Some(7))));
         assert_eq!(read(7, 0, 1), Ok(Reply::Untrusted(7)));
         assert_eq!(
@@ -649,9 +707,16 @@ mod tests {
 
     #[test]
     fn no_lock_key_is_a_fence_key() {
-        let fence = fence_key("stock:42");
+        let fence = legacy_fence_key("stock:42");
         assert!(fence.starts_with(b"stock:42"));
         assert!(std::str::from_utf8(&fence).is_err(), "never valid UTF-8");
         assert_ne!(fence, b"stock:42:fence");
+        // One counter per prefix, never an older per-resource counter (of
+        // any prefix and resource: those end in `fence`) nor a marker.
+        let counter = fence_key("locks:");
+        assert!(counter.starts_with(b"locks:"));
+        assert!(std::str::from_utf8(&counter).is_err());
+        assert!(!counter.ends_with(b"\xFFfence"));
+        assert_ne!(counter, generation::marker_key("locks:"));
     }
 }

@@ -1,28 +1,82 @@
 //! Fencing tokens grow with every holder, survive a minority of nodes losing
-//! their counters, and are given only to the lock's holder.
+//! their counters, and are given only to the lock's holder. One counter per
+//! node serves every resource (issue 21): a name never used before gets a
+//! token while a node is down, and names leave no key behind.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use redlock_harness::{Cluster, resource};
-use redlock_quorum::Error;
+use redlock_quorum::{Error, Redlock};
 
 const TTL: Duration = Duration::from_secs(10);
 
-/// The fencing counter's key: the lock key, the byte 0xFF, `fence`.
-fn fence_key(lock_key: &str) -> Vec<u8> {
+/// The fencing counter's key: the key prefix, the byte 0xFF, `counter`.
+fn counter_key(prefix: &str) -> Vec<u8> {
+    let mut key = prefix.as_bytes().to_vec();
+    key.push(0xFF);
+    key.extend_from_slice(b"counter");
+    key
+}
+
+/// The per-resource counter key of older versions: the lock key, 0xFF,
+/// `fence`.
+fn legacy_key(lock_key: &str) -> Vec<u8> {
     let mut key = lock_key.as_bytes().to_vec();
     key.push(0xFF);
     key.extend_from_slice(b"fence");
     key
 }
 
+/// Node `i`'s counter as stored: `<number>:<generation>` when trusted, a
+/// bare `<number>` when not, `None` when missing.
+fn stored(cluster: &Cluster, i: usize, prefix: &str) -> Option<String> {
+    redis::cmd("GET")
+        .arg(counter_key(prefix))
+        .query(&mut cluster.conn(i))
+        .unwrap()
+}
+
+/// The number of a stored counter.
+fn number(stored: &str) -> u64 {
+    stored.split(':').next().unwrap().parse().unwrap()
+}
+
+/// One holder of `name`: lock, token, unlock.
+async fn token_of(redlock: &Redlock, name: &str) -> Result<u64, Error> {
+    let lock = redlock.lock(name, TTL).await?;
+    let token = redlock.fencing_token(&lock).await;
+    let _ = redlock.unlock(&lock).await;
+    token
+}
+
+/// Takes tokens (on a name of their own) with every node answering until
+/// every node's counter is trusted: on brand-new nodes that is once their
+/// generation markers, made by the first token, are a few seconds old.
+/// Whether they all were within 30 s.
+async fn trust_every_node(cluster: &Cluster, redlock: &Redlock, prefix: &str) -> bool {
+    let warm = resource("fence-warm");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        token_of(redlock, &warm).await.expect("every node answers");
+        let all =
+            (0..cluster.len()).all(|i| stored(cluster, i, prefix).is_some_and(|s| s.contains(':')));
+        if all || Instant::now() > deadline {
+            return all;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tokens_grow_with_every_holder() {
     let cluster = Cluster::shared(5);
     let res = resource("fence-grow");
+    // A prefix of its own: a counter of its own, even on shared nodes.
+    let prefix = format!("{res}/");
     let mut last = 0;
     for holder in 0..20 {
-        let redlock = cluster.redlock(); // each holder its own client
+        // each holder its own client
+        let redlock = cluster.builder().key_prefix(&prefix).build().unwrap();
         let lock = redlock.lock(&res, TTL).await.unwrap();
         let token = redlock.fencing_token(&lock).await.unwrap();
         assert!(token > last, "holder {holder}: {token} after {last}");
@@ -30,20 +84,184 @@ async fn tokens_grow_with_every_holder() {
         redlock.unlock(&lock).await.unwrap();
     }
     assert_eq!(last, 20, "one step per holder");
-    // the counter lives beside the lock key, without expiry, under a name
-    // that no resource's lock key can have
-    let key = fence_key(&res);
+    // the counter is one key per prefix, without expiry, under a name that
+    // no resource's lock key can have; no key per resource
+    let key = counter_key(&prefix);
     assert!(cluster.eventually(Duration::from_secs(2), |c| {
         (0..5).all(|i| {
             let pttl: i64 = redis::cmd("PTTL").arg(&key).query(&mut c.conn(i)).unwrap();
             pttl == -1
         })
     }));
-    let old_layout: Option<String> = redis::cmd("GET")
-        .arg(format!("{res}:fence"))
-        .query(&mut cluster.conn(0))
+    for old_layout in [
+        format!("{prefix}{res}:fence").into_bytes(),
+        legacy_key(&format!("{prefix}{res}")),
+    ] {
+        let exists: i64 = redis::cmd("EXISTS")
+            .arg(&old_layout)
+            .query(&mut cluster.conn(0))
+            .unwrap();
+        assert_eq!(exists, 0);
+    }
+}
+
+/// Issue 21, item 7: with one of five nodes stopped, a name never used
+/// before got no token ("fencing token … not proven … every node must
+/// answer"): a missing per-resource counter could not be told from one lost
+/// by a restart. With one counter per node for every name, a quorum of
+/// trusted nodes proves it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_never_used_name_gets_a_token_with_one_of_five_nodes_stopped() {
+    let mut cluster = Cluster::start(5);
+    let redlock = cluster.redlock();
+    let trusted = trust_every_node(&cluster, &redlock, "").await;
+    let before = token_of(&redlock, &resource("fence-before")).await.unwrap();
+    cluster.node(4).kill();
+    for n in 0..3 {
+        let name = resource("fence-brandnew");
+        let fresh = cluster.redlock();
+        let token = token_of(&fresh, &name)
+            .await
+            .unwrap_or_else(|e| panic!("name {n} ({name}): {e}"));
+        assert!(token > before, "{token} after {before}");
+    }
+    assert!(trusted, "the counters were trusted");
+}
+
+/// Issue 21, item 7: every name left a counter key for ever (74 on one node
+/// after a short trial). Now the nodes keep one counter and a generation
+/// marker, whatever the number of names.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_distinct_names_leave_at_most_one_counter_key_per_node() {
+    let cluster = Cluster::start(3);
+    let redlock = cluster.redlock();
+    let mut last = 0;
+    for n in 0..60 {
+        let token = token_of(&redlock, &resource(&format!("fence-daily-{n}")))
+            .await
+            .unwrap();
+        assert!(token > last, "name {n}: {token} after {last}");
+        last = token;
+    }
+    let mut multi = redlock
+        .lock_many(&[&resource("fence-a"), &resource("fence-b")], TTL)
+        .await
         .unwrap();
-    assert_eq!(old_layout, None);
+    assert!(redlock.fencing_token(&multi).await.unwrap() > last);
+    redlock.unlock(&multi).await.unwrap();
+    multi = redlock
+        .lock_many(&[&resource("fence-c")], TTL)
+        .await
+        .unwrap();
+    redlock.unlock(&multi).await.unwrap();
+    // the fencing writes to the slower nodes land on their own
+    cluster.eventually(Duration::from_secs(2), |c| {
+        (0..3).all(|i| {
+            let keys: Vec<Vec<u8>> = redis::cmd("KEYS").arg("*").query(&mut c.conn(i)).unwrap();
+            keys.len() <= 2
+        })
+    });
+    for i in 0..3 {
+        let keys: Vec<Vec<u8>> = redis::cmd("KEYS")
+            .arg("*")
+            .query(&mut cluster.conn(i))
+            .unwrap();
+        let counters = keys.iter().filter(|k| k.ends_with(b"\xFFcounter")).count();
+        let legacy = keys.iter().filter(|k| k.ends_with(b"\xFFfence")).count();
+        assert_eq!((counters, legacy), (1, 0), "node {i}: {} keys", keys.len());
+        assert!(
+            keys.len() <= 2,
+            "node {i}: the counter and the marker only: {keys:?}"
+        );
+    }
+}
+
+/// A node that restarted empty (no persistence) is not trusted again by the
+/// next tokens, of any name: a holder that then reads it and a node behind
+/// the last token, with the node that has it paused, fails closed rather
+/// than repeat; once another name's token went through every node, the
+/// counters carry the last token across names.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_restarted_empty_does_not_make_a_token_repeat() {
+    let mut cluster = Cluster::start(3);
+    let redlock = cluster.builder().retry_count(50).build().unwrap();
+    assert!(trust_every_node(&cluster, &redlock, "").await);
+    let x = resource("fence-x");
+    // Node 2 paused while A takes a token for x: nodes 0 and 1 have it.
+    cluster.node(2).pause();
+    let a = cluster.builder().retry_count(50).build().unwrap();
+    let token_a = token_of(&a, &x).await.unwrap();
+    cluster.node(2).resume();
+    // Node 0 restarts empty; node 1, the only other node with A's token, is
+    // paused while B takes a token for x on nodes 0 and 2.
+    cluster.node(0).restart();
+    cluster.node(1).pause();
+    let b = cluster.builder().retry_count(50).build().unwrap();
+    match token_of(&b, &x).await {
+        Ok(token) => assert!(token > token_a, "{token} after {token_a}"),
+        Err(Error::FencingUnproven { untrusted, .. }) => assert!(untrusted >= 1),
+        Err(other) => panic!("{other}"),
+    }
+    cluster.node(1).resume();
+    // Another name's token, every node answering: its write reaches the
+    // restarted node, but does not trust it yet (its marker is young).
+    let z = cluster.builder().retry_count(50).build().unwrap();
+    let mut token_z = None;
+    for _ in 0..40 {
+        match token_of(&z, &resource("fence-z")).await {
+            Ok(token) => {
+                token_z = Some(token);
+                break;
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+    let token_z = token_z.expect("a token once every node answers");
+    assert!(token_z > token_a);
+    let restarted = stored(&cluster, 0, "").expect("written");
+    assert!(!restarted.contains(':'), "trusted at once: {restarted}");
+    assert!(number(&restarted) >= token_z);
+    // Once its marker is a few seconds old, a token made with every node
+    // answering trusts the restarted node again; then x, with node 1
+    // paused, is proven by nodes 0 and 2, which carry the later tokens.
+    assert!(trust_every_node(&cluster, &z, "").await);
+    cluster.node(1).pause();
+    let c = cluster.builder().retry_count(50).build().unwrap();
+    let outcome = token_of(&c, &x).await;
+    cluster.node(1).resume();
+    let token_c = outcome.expect("proven by two trusted nodes");
+    assert!(
+        token_c > token_z,
+        "{token_c} after {token_z} (and {token_a})"
+    );
+}
+
+/// An older version's per-resource counter is a floor: the first token
+/// under one counter per node is above it, and the write deletes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_older_per_resource_counter_is_a_floor_and_then_removed() {
+    let cluster = Cluster::start(3);
+    let redlock = cluster.redlock();
+    let res = resource("fence-legacy");
+    for i in 0..3 {
+        let _: () = redis::cmd("SET")
+            .arg(legacy_key(&res))
+            .arg("41:an-older-generation")
+            .query(&mut cluster.conn(i))
+            .unwrap();
+    }
+    let token = token_of(&redlock, &res).await.unwrap();
+    assert_eq!(token, 42);
+    assert!(cluster.eventually(Duration::from_secs(2), |c| {
+        (0..3).all(|i| {
+            let exists: i64 = redis::cmd("EXISTS")
+                .arg(legacy_key(&res))
+                .query(&mut c.conn(i))
+                .unwrap();
+            exists == 0
+        })
+    }));
+    assert!(token_of(&redlock, &res).await.unwrap() > token);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -68,19 +286,14 @@ async fn tokens_keep_growing_when_a_minority_forgets_its_counters() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn only_the_holder_gets_a_token() {
     let cluster = Cluster::shared(5);
-    let redlock = cluster.redlock();
     let res = resource("fence-holder");
-    let fence_key = fence_key(&res);
-    // A counter holds `<number>:<generation>`; the number is compared.
+    let prefix = format!("{res}/");
+    let redlock = cluster.builder().key_prefix(&prefix).build().unwrap();
+    // A counter holds `<number>:<generation>` or a bare `<number>`; the
+    // number is compared.
     let counters = |c: &Cluster| -> Vec<Option<String>> {
         (0..5)
-            .map(|i| {
-                let stored: Option<String> = redis::cmd("GET")
-                    .arg(&fence_key)
-                    .query(&mut c.conn(i))
-                    .unwrap();
-                stored.map(|s| s.split(':').next().unwrap_or_default().to_owned())
-            })
+            .map(|i| stored(c, i, &prefix).map(|s| number(&s).to_string()))
             .collect()
     };
 
@@ -95,7 +308,12 @@ async fn only_the_holder_gets_a_token() {
         counters(&cluster)
     );
     // the key taken over by someone else on every node
-    cluster.plant(&[0, 1, 2, 3, 4], &res, "other-holder", TTL);
+    cluster.plant(
+        &[0, 1, 2, 3, 4],
+        &format!("{prefix}{res}"),
+        "other-holder",
+        TTL,
+    );
     let err = redlock.fencing_token(&lock).await.expect_err("not ours");
     assert!(matches!(err, Error::NotHeld { .. }), "{err}");
     // the refused call's requests to the slower nodes may still be in

@@ -11,7 +11,9 @@
 //! generation markers, the restart guard and the generation-checked fencing
 //! read (issue 11) are implemented in `src/generation.rs`, `src/scripts.rs`
 //! and `src/fence.rs`; this model was their specification first (see
-//! README.md).
+//! README.md). Issue 21's shared counter (one fencing counter per node for
+//! every name, `Resync`, `Cfg::other_fences`) was modeled before it was
+//! implemented in `src/fence.rs`.
 //!
 //! Properties (see [`LockModel::properties`]):
 //! - `mutual exclusion`: at no instant do two clients whose locks share a
@@ -50,6 +52,36 @@ pub enum Fencing {
     /// ours and take the largest result of a quorum; no write-back.
     IncrNoWriteBack,
 }
+
+/// How a node whose fencing counter is untrusted (missing, bare, or from an
+/// earlier generation) becomes trusted again: the shared counter of issue
+/// 21 (one counter per node for every name, src/fence.rs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Resync {
+    /// The design: a write stores the largest of the node's value and the
+    /// new number; it tags it with the node's generation (trusted) only
+    /// when the fencing read that made the number started after the
+    /// node's generation was born, by more than the write limit (a token
+    /// is issued only while its write round is within that limit of its
+    /// start: `fence::WRITE_LIMIT`; here, within the tick it started).
+    /// Otherwise the value is stored bare (untrusted).
+    Aged,
+    /// Negative model (the first reading of the issue's suggestion, and
+    /// the per-resource code before it): a write in a new generation sets
+    /// the counter outright and trusts it at once. Safe for one name;
+    /// with another name sharing the counter, a write made from a read
+    /// that began before an earlier token was issued trusts a restarted
+    /// node that lost that token.
+    Always,
+    /// Negative model (planted): a missing counter is read as a trusted 0,
+    /// i.e. a node that restarted empty is trusted.
+    MissingTrusted,
+}
+
+/// The token of the other name's holder (`Cfg::other_fences`): its lock is
+/// taken to be ours on every node at every time (an over-approximation of
+/// any holder of any other name).
+pub const OTHER: u8 = 0;
 
 /// The model's parameters.
 #[derive(Clone, Debug)]
@@ -110,6 +142,18 @@ pub struct Cfg {
     /// acquisition only while no other client is acquiring or holding
     /// (successive holders, as on issue 11's schedule).
     pub sequential: bool,
+    /// How untrusted fencing counters become trusted (issue 21).
+    pub resync: Resync,
+    /// Fencing calls of a holder of *another* name, which shares the
+    /// node's counter (issue 21): its reads and writes interleave with
+    /// everything; its tokens are for another resource and are not
+    /// compared. 0: no such holder.
+    pub other_fences: u8,
+    /// The nodes start with node 0's counter at 1 (trusted) and the others
+    /// missing: an earlier fencing write that reached one node only (a
+    /// state `other_fences` reaches with one more call; given here to keep
+    /// the search small).
+    pub uneven: bool,
 }
 
 impl Cfg {
@@ -138,6 +182,27 @@ impl Cfg {
             liveness: true,
             symmetry: true,
             sequential: false,
+            resync: Resync::Aged,
+            other_fences: 0,
+            uneven: false,
+        }
+    }
+
+    /// The shared counter (issue 21): two successive holders of one name
+    /// and a holder of another name with two fencing calls, all on one
+    /// counter per node, with one data-losing restart. No guard (the
+    /// restart guard plays no part in the counter's rule: young nodes are
+    /// only more silent), exact clocks, one tick.
+    pub fn shared_counter() -> Self {
+        Cfg {
+            guard: None,
+            fast_clocks: false,
+            max_time: 0,
+            liveness: false,
+            sequential: true,
+            other_fences: 1,
+            uneven: true,
+            ..Cfg::quick()
         }
     }
 
@@ -310,6 +375,10 @@ impl Cfg {
 pub struct Gen {
     pub id: u8,
     pub born: Option<u8>,
+    /// The tick it was born, while a fencing read that started at or before
+    /// it may still reach the node (the shared counter's re-sync rule,
+    /// `Resync::Aged`); `None` once it is older than every such read.
+    pub since: Option<u8>,
 }
 
 /// The lock keys a node has (K0 and K1).
@@ -336,7 +405,8 @@ pub struct Node {
     /// ticks earlier, see `Action::Expire`). Single-resource runs use K0
     /// only.
     pub keys: [Option<(u8, u8)>; KEYS],
-    /// The fencing counter: (value, generation it was written in).
+    /// The fencing counter: (value, generation it was written in); the
+    /// generation 0 marks a bare value (stored untrusted, `Resync::Aged`).
     pub fence: Option<(u8, u8)>,
     pub generation: Option<Gen>,
     /// Generations created so far (the source of ids).
@@ -367,6 +437,12 @@ pub struct Reply {
     pub kind: Kind,
     /// The node's generation is younger than max_ttl (guard on only).
     pub young: bool,
+    /// Fencing read: the node's generation id when it was born before the
+    /// read started (by more than the write limit), so that the write made
+    /// from this read may trust it (`Resync::Aged`); 0 otherwise. The code
+    /// compares the marker's age with twice the write limit plus the
+    /// read's duration, and names the generation in the write.
+    pub resync: u8,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -382,7 +458,7 @@ pub enum Sub {
     None,
     Extending { start: u8, ans: Vec<Ans> },
     FenceRead { ans: Vec<Ans> },
-    FenceWrite { v: u8, ans: Vec<Ans> },
+    FenceWrite { v: u8, ans: Vec<Ans>, start: u8 },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -411,8 +487,11 @@ pub enum Body {
     Set(u8),
     Extend(u8),
     Unlock(u8),
-    FenceRead(u8),
-    FenceWrite(u8, u8),
+    /// Token, the tick the read round started.
+    FenceRead(u8, u8),
+    /// Token, number, and the generation the write may trust the counter
+    /// in (0: none; `Resync::Aged`).
+    FenceWrite(u8, u8, u8),
     FenceIncr(u8),
 }
 
@@ -515,14 +594,20 @@ impl LockModel {
             n.generation = Some(Gen {
                 id: n.gens,
                 born: if self.cfg.guard.is_some() { Some(now) } else { None },
+                since: Some(now),
             });
             // A marker older than max_ttl at birth cannot happen; normalize
             // keeps `born` until it is old.
         }
         let gen_id = n.generation.as_ref().map_or(0, |g| g.id);
-        // The keys of the sender's lock: one, or a set.
+        let since = n.generation.as_ref().and_then(|g| g.since);
+        let mut resync = 0;
+        // The keys of the sender's lock: one, or a set. The other name's
+        // lock (`OTHER`) is taken to be held everywhere.
         let mask = self.cfg.mask(m.client as usize);
-        let ours = |n: &Node, tok: u8| each(mask).all(|k| matches!(n.keys[k], Some((t, _)) if t == tok));
+        let ours = |n: &Node, tok: u8| {
+            tok == OTHER || each(mask).all(|k| matches!(n.keys[k], Some((t, _)) if t == tok))
+        };
         let kind = match m.body {
             // One key: `SET key token NX PX ttl GET` (redlock.rs
             // `round_once`, scripts.rs `read_set`): nil or our own token is
@@ -574,11 +659,17 @@ impl LockModel {
             // after the grant follows every earlier holder's acknowledged
             // write. Only generation fencing does so; the negative
             // no-generation model keeps the older ownership-only read.
-            Body::FenceRead(tok) => {
+            // Issue 21: one counter per node for every name; a bare value
+            // (tag 0) is untrusted; `resync` says whether the write made
+            // from this read may trust this node (`Resync::Aged`).
+            Body::FenceRead(tok, start) => {
                 let (v, trusted) = match n.fence {
                     Some((v, tag)) => (v, tag == gen_id),
-                    None => (0, false),
+                    None => (0, self.cfg.resync == Resync::MissingTrusted),
                 };
+                if since.is_none_or(|b| start > b) {
+                    resync = gen_id;
+                }
                 if ours(n, tok) {
                     Kind::Counter(v, trusted)
                 } else if generation_fencing {
@@ -589,13 +680,21 @@ impl LockModel {
             }
             // scripts.rs `FENCE_WRITE`: raise only, tagged with the
             // generation (design for issue 11).
-            Body::FenceWrite(tok, v) => {
+            // Issue 21 (`Resync::Aged`): raise, never lower; trusted within
+            // the generation; an untrusted value is trusted only in the
+            // generation the write names (`permit`), else stored bare.
+            Body::FenceWrite(tok, v, permit) => {
                 if ours(n, tok) {
-                    let raised = match n.fence {
-                        Some((cur, tag)) if tag == gen_id => cur.max(v),
-                        _ => v,
-                    };
-                    n.fence = Some((raised, gen_id));
+                    n.fence = Some(match (self.cfg.resync, n.fence) {
+                        (_, Some((cur, tag))) if tag == gen_id => (cur.max(v), gen_id),
+                        (Resync::Aged, cur) => {
+                            let raised = cur.map_or(v, |(c, _)| c.max(v));
+                            (raised, if permit == gen_id { gen_id } else { 0 })
+                        }
+                        // The per-resource code before issue 21: set
+                        // outright in a new generation, trusted.
+                        (Resync::Always | Resync::MissingTrusted, _) => (v, gen_id),
+                    });
                     Kind::Ok
                 } else {
                     Kind::NotOurs
@@ -613,7 +712,11 @@ impl LockModel {
             }
         };
         let young = self.young(&s.nodes[m.node as usize]);
-        Some(Reply { kind, young })
+        Some(Reply {
+            kind,
+            young,
+            resync,
+        })
     }
 
     /// Sends `body` to every up node (`round::round`, `round::round_on`);
@@ -631,6 +734,27 @@ impl LockModel {
                 node: i as u8,
                 rid,
                 body: body.clone(),
+            });
+        }
+        ans
+    }
+
+    /// As [`send`](Self::send) to every node, with the body for node `i`
+    /// from `body(i)`. (The code sends one request to every node, naming
+    /// every generation it may trust; each node finds its own.)
+    fn send_each(&self, s: &mut State, c: usize, body: impl Fn(usize) -> Body) -> Vec<Ans> {
+        let rid = s.clients[c].rid;
+        let mut ans = vec![Ans::Unknown; self.cfg.nodes];
+        for i in 0..self.cfg.nodes {
+            if !s.nodes[i].up {
+                continue;
+            }
+            ans[i] = Ans::Pending;
+            s.net.push(Msg {
+                client: c as u8,
+                node: i as u8,
+                rid,
+                body: body(i),
             });
         }
         ans
@@ -690,7 +814,7 @@ impl LockModel {
                 // 11); it may still hold our key.
                 let granted = ans
                     .iter()
-                    .filter(|a| matches!(a, Ans::Got(Reply { kind: Kind::Ok, young: false })))
+                    .filter(|a| matches!(a, Ans::Got(Reply { kind: Kind::Ok, young: false, .. })))
                     .count();
                 let pending = ans.iter().filter(|a| **a == Ans::Pending).count();
                 if granted >= q {
@@ -732,7 +856,7 @@ impl LockModel {
                     // count as "not ours" for this round.
                     let granted = ans
                         .iter()
-                        .filter(|a| matches!(a, Ans::Got(Reply { kind: Kind::Ok, young: false })))
+                        .filter(|a| matches!(a, Ans::Got(Reply { kind: Kind::Ok, young: false, .. })))
                         .count();
                     let refused = ans
                         .iter()
@@ -801,6 +925,7 @@ impl LockModel {
                                 Ans::Got(Reply {
                                     kind: Kind::Counter(..),
                                     young: false,
+                                    ..
                                 })
                             )
                         })
@@ -811,6 +936,7 @@ impl LockModel {
                             Ans::Got(Reply {
                                 kind: Kind::Counter(v, t) | Kind::Foreign(v, t),
                                 young: false,
+                                ..
                             }) => Some((*v, *t)),
                             _ => None,
                         })
@@ -846,9 +972,26 @@ impl LockModel {
                             // `fencing_token`: largest plus one, then raise
                             // a quorum to it.
                             let v = highest + 1;
+                            // The generations this read may re-sync
+                            // (`Resync::Aged`): of nodes read, not young,
+                            // born before the read started.
+                            let permits: Vec<u8> = ans
+                                .iter()
+                                .map(|a| match a {
+                                    Ans::Got(Reply {
+                                        kind: Kind::Counter(..) | Kind::Foreign(..),
+                                        young: false,
+                                        resync,
+                                    }) => *resync,
+                                    _ => 0,
+                                })
+                                .collect();
                             self.new_round(s, c);
-                            let ans = self.send(s, c, None, Body::FenceWrite(tok, v));
-                            set(s, Sub::FenceWrite { v, ans });
+                            let ans = self.send_each(s, c, |i| {
+                                Body::FenceWrite(tok, v, permits[i])
+                            });
+                            let start = s.now;
+                            set(s, Sub::FenceWrite { v, ans, start });
                             self.conclude(s, c);
                         }
                     } else if pending == 0 {
@@ -856,19 +999,28 @@ impl LockModel {
                         set(s, Sub::None);
                     }
                 }
-                Sub::FenceWrite { v, ans } => {
+                Sub::FenceWrite { v, ans, start } => {
                     let granted = ans
                         .iter()
-                        .filter(|a| matches!(a, Ans::Got(Reply { kind: Kind::Ok, young: false })))
+                        .filter(|a| matches!(a, Ans::Got(Reply { kind: Kind::Ok, young: false, .. })))
                         .count();
                     let pending = ans.iter().filter(|a| **a == Ans::Pending).count();
+                    // Issue 21: a token is issued only when its write
+                    // quorum came within the write limit of the write's
+                    // start (`fence::WRITE_LIMIT`): here, within its tick.
+                    // Later, the round fails: the number is not issued.
+                    let in_time = cfg.fencing != Fencing::Generation
+                        || cfg.resync != Resync::Aged
+                        || now == start;
                     if granted >= q {
                         s.clients[c].phase = Phase::Holding {
                             tok,
                             exp,
                             sub: Sub::None,
                         };
-                        self.issue(s, c, v);
+                        if in_time {
+                            self.issue(s, c, v);
+                        }
                     } else if pending == 0 {
                         s.clients[c].phase = Phase::Holding {
                             tok,
@@ -901,7 +1053,8 @@ impl LockModel {
     /// A fencing token is issued to client `c` if its lock is still valid
     /// (`fencing_token` checks `lock.is_valid()` last).
     fn issue(&self, s: &mut State, c: usize, v: u8) {
-        if !self.believes(s, c) {
+        // The other name's tokens are not compared with this name's.
+        if !self.believes(s, c) || c >= self.cfg.clients {
             return;
         }
         s.clients[c].fenced = true;
@@ -964,10 +1117,11 @@ impl LockModel {
                 };
                 self.new_round(s, c);
                 s.clients[c].fences += 1;
+                let start = s.now;
                 let body = if self.cfg.fencing == Fencing::IncrNoWriteBack {
                     Body::FenceIncr(tok)
                 } else {
-                    Body::FenceRead(tok)
+                    Body::FenceRead(tok, start)
                 };
                 let ans = self.send(s, c, None, body);
                 s.clients[c].phase = Phase::Holding {
@@ -1073,7 +1227,7 @@ impl LockModel {
             .chain(nodes.iter().flat_map(|n| n.keys.iter().filter_map(|k| k.map(|(t, _)| t))))
             .collect();
         s.net.retain(|m| match m.body {
-            Body::FenceRead(_) => {
+            Body::FenceRead(..) => {
                 let c = &clients[m.client as usize];
                 c.rid == m.rid && answers(&c.phase).is_some()
             }
@@ -1082,14 +1236,27 @@ impl LockModel {
         });
         s.net.sort();
         s.net.dedup();
+        // A generation's birth tick matters only to fencing reads that
+        // started at or before it (`Resync::Aged`).
+        for (i, n) in s.nodes.iter_mut().enumerate() {
+            if let Some(g) = &mut n.generation
+                && let Some(b) = g.since
+                && s.now > b
+                && !s.net.iter().any(|m| {
+                    m.node as usize == i && matches!(m.body, Body::FenceRead(_, start) if start <= b)
+                })
+            {
+                g.since = None;
+            }
+        }
         if self.cfg.symmetry {
             canonical(s);
         }
         // Tenure continuity history.
-        for c in 0..s.clients.len() {
+        let clients = self.cfg.clients;
+        for c in 0..clients {
             if matches!(s.clients[c].phase, Phase::Holding { .. })
-                && (0..s.clients.len())
-                    .any(|d| d != c && self.cfg.conflict(c, d) && self.believes(s, d))
+                && (0..clients).any(|d| d != c && self.cfg.conflict(c, d) && self.believes(s, d))
             {
                 s.clients[c].overlap = true;
             }
@@ -1178,14 +1345,20 @@ impl LockModel {
                     let _ = write!(out, " K{k}=tok{t}@{e}");
                 }
             }
-            if let Some((v, g)) = n.fence {
-                let _ = write!(out, " fence={v}/g{g}");
+            match n.fence {
+                Some((v, 0)) => {
+                    let _ = write!(out, " fence={v}/bare");
+                }
+                Some((v, g)) => {
+                    let _ = write!(out, " fence={v}/g{g}");
+                }
+                None => {}
             }
             match &n.generation {
-                Some(Gen { id, born: Some(b) }) => {
+                Some(Gen { id, born: Some(b), .. }) => {
                     let _ = write!(out, " g{id}(born {b})");
                 }
-                Some(Gen { id, born: None }) => {
+                Some(Gen { id, born: None, .. }) => {
                     let _ = write!(out, " g{id}");
                 }
                 None => out.push_str(" no-marker"),
@@ -1197,6 +1370,16 @@ impl LockModel {
                 Phase::Idle => {}
                 Phase::Acquiring { tok, .. } => {
                     let _ = write!(out, " c{c}:acquiring(tok{tok})");
+                }
+                Phase::Holding { sub, .. } if c >= self.cfg.clients => {
+                    match sub {
+                        Sub::FenceRead { .. } => out.push_str(" other:fence-read"),
+                        Sub::FenceWrite { v, .. } => {
+                            let _ = write!(out, " other:fence-write({v})");
+                        }
+                        _ => {}
+                    }
+                    continue;
                 }
                 Phase::Holding { tok, exp, sub } => {
                     let held = if self.believes(s, c) { "HOLDS" } else { "lapsed" };
@@ -1348,7 +1531,11 @@ impl Model for LockModel {
             generation: if cfg.fresh_cluster {
                 None
             } else {
-                Some(Gen { id: 1, born: None })
+                Some(Gen {
+                    id: 1,
+                    born: None,
+                    since: None,
+                })
             },
             gens: if cfg.fresh_cluster { 0 } else { 1 },
         };
@@ -1361,10 +1548,26 @@ impl Model for LockModel {
             fenced: false,
             overlap: false,
         };
+        let mut nodes = vec![node; cfg.nodes];
+        if cfg.uneven {
+            nodes[0].fence = Some((1, 1));
+        }
+        // The other name's holder, after the clients (`OTHER`).
+        let mut clients = vec![client.clone(); cfg.clients];
+        if cfg.other_fences > 0 {
+            clients.push(Client {
+                phase: Phase::Holding {
+                    tok: OTHER,
+                    exp: u8::MAX,
+                    sub: Sub::None,
+                },
+                ..client
+            });
+        }
         vec![State {
             now: 0,
-            nodes: vec![node; cfg.nodes],
-            clients: vec![client; cfg.clients],
+            nodes,
+            clients,
             net: Vec::new(),
             next_tok: 0,
             crashes: 0,
@@ -1411,7 +1614,7 @@ impl Model for LockModel {
             match &cl.phase {
                 Phase::Idle => {
                     let others_busy = cfg.sequential
-                        && s.clients.iter().any(|o| o.phase != Phase::Idle);
+                        && s.clients[..cfg.clients].iter().any(|o| o.phase != Phase::Idle);
                     if cl.attempts < cfg.attempts && !others_busy {
                         out.push(Action::Acquire(c8));
                     }
@@ -1419,6 +1622,12 @@ impl Model for LockModel {
                 Phase::Acquiring { ans, .. } => {
                     if ans.contains(&Ans::Pending) {
                         out.push(Action::Timeout(c8));
+                    }
+                }
+                // The other name's holder only fences (and times out).
+                Phase::Holding { sub: Sub::None, .. } if c >= cfg.clients => {
+                    if cl.fences < cfg.other_fences {
+                        out.push(Action::Fence(c8));
                     }
                 }
                 Phase::Holding { sub, .. } => match sub {

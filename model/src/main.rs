@@ -7,10 +7,12 @@
 //! 120), `direct-extend` (an extend called directly, no watchdog: issue
 //! 21's configuration, exhaustively; `direct-extend-live` with the liveness
 //! oracle at 1 tick), `multi` (a single lock and a set sharing a key;
-//! `multi-live`, `multi3` with a third client on K1 by random walks), and
-//! the negative models `no-guard`, `incr`, `no-generation`,
-//! `extend-no-recheck` (the extend grant before issue 21).
-use redlock_model::{check, Cfg, Fencing, Search};
+//! `multi-live`, `multi3` with a third client on K1 by random walks), the
+//! shared fencing counter of issue 21: `shared-counter` (positive, random
+//! walks), and the negative models `no-guard`, `incr`, `no-generation`,
+//! `extend-no-recheck` (the extend grant before issue 21),
+//! `resync-at-once`, `trust-missing`.
+use redlock_model::{check, Cfg, Fencing, Resync, Search};
 
 fn main() {
     let mode = std::env::args().nth(1).unwrap_or_else(|| "quick".into());
@@ -55,6 +57,19 @@ fn main() {
             Cfg { fencing: Fencing::Generation, ..Cfg::fencing_without_generations() },
             Search::Bfs,
             None,
+        ),
+        // Random walks: a BFS did not finish in 15 minutes here.
+        "shared-counter" => (Cfg::shared_counter(), random, None),
+        "shared-counter-bfs" => (Cfg::shared_counter(), Search::Bfs, None),
+        "resync-at-once" => (
+            Cfg { resync: Resync::Always, symmetry: false, ..Cfg::shared_counter() },
+            random,
+            Some("fencing tokens increase"),
+        ),
+        "trust-missing" => (
+            Cfg { resync: Resync::MissingTrusted, other_fences: 0, symmetry: false, ..Cfg::shared_counter() },
+            Search::Bfs,
+            Some("fencing tokens increase"),
         ),
         _ => (Cfg::quick(), Search::Bfs, None),
     };
