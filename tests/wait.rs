@@ -660,9 +660,12 @@ async fn a_release_wakes_only_the_manager_it_names() {
         // at least 6 in the first round. A hand-off slower than the
         // releaser's hand-off check (200 ms, a loaded machine) may have
         // been published for every manager by that check: not counted.
+        // The release itself adds one `SET` on the node (the hand-off
+        // marker, written inside the unlock script, which `INFO
+        // commandstats` counts too).
         if gap < Duration::from_millis(150) {
             assert!(
-                sets <= NODES as u64,
+                sets <= NODES as u64 + 1,
                 "round {round}: only the named manager tried, not all {} waiting: {sets} SETs",
                 MANAGERS - round
             );
