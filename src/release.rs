@@ -239,10 +239,29 @@ impl Retries {
         );
         // A worker that ended is replaced. One whose runtime shut down has
         // already moved itself to the release runtime ([`Worker`]).
-        if queue.worker.as_ref().is_none_or(JoinHandle::is_finished)
-            && let Some(handle) = tokio::runtime::Handle::try_current().ok().or_else(fallback)
-        {
-            queue.worker = Some(handle.spawn(drain(Worker::new(inner, index))));
+        let idle = queue.worker.as_ref().is_none_or(JoinHandle::is_finished);
+        // Not under the queue's lock: a runtime that is shutting down drops
+        // the spawned task at once, and the dropped worker takes this lock
+        // to move itself to the release runtime.
+        drop(queue);
+        if idle {
+            self.start_worker(inner, index);
+        }
+    }
+
+    /// Starts node `index`'s worker on the current runtime (the release
+    /// runtime outside one). Two calls that race may each start one: both
+    /// drain the same queue, and each ends when nothing is owed.
+    fn start_worker(&self, inner: &Arc<Inner>, index: usize) {
+        let Some(handle) = tokio::runtime::Handle::try_current().ok().or_else(fallback) else {
+            return;
+        };
+        let task = handle.spawn(drain(Worker::new(inner, index)));
+        let mut queue = self.queue(index);
+        // A worker that moved itself to the release runtime meanwhile (this
+        // runtime is shutting down) or that another call started is kept.
+        if queue.worker.as_ref().is_none_or(JoinHandle::is_finished) {
+            queue.worker = Some(task);
         }
     }
 }

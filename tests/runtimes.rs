@@ -161,3 +161,49 @@ fn a_failed_connection_on_one_runtime_keeps_anothers() {
         "the first runtime connected again"
     );
 }
+
+/// Releases that become owed while their runtime shuts down. The owing
+/// call starts the node's retry worker on the current runtime; a runtime
+/// that is shutting down drops such a task at once, and the dropped worker
+/// moves itself to the crate's own release runtime. Before, that move took
+/// the lock of the node's queue, which the owing call still held: the
+/// thread deadlocked on itself and the runtime's shutdown never ended (seen
+/// once in `tests/observability.rs`, whose guard was released as its test
+/// ended). Here one node is down, so every unlock owes it a release, and
+/// runtimes are dropped while their unlocks run, at varying points.
+#[test]
+fn a_release_owed_while_its_runtime_shuts_down_does_not_hang_the_shutdown() {
+    let mut cluster = Cluster::start(3);
+    cluster.node(2).kill();
+    let (done, finished) = std::sync::mpsc::channel();
+    let urls = cluster.urls().to_vec();
+    std::thread::spawn(move || {
+        for round in 0..300u64 {
+            // A fresh manager each round: its first owed release starts the
+            // node's worker.
+            let manager = Redlock::builder(urls.iter().map(String::as_str))
+                .node_timeout(Duration::from_millis(100))
+                .build()
+                .expect("valid");
+            let runtime = multi_thread();
+            let lock = runtime
+                .block_on(manager.lock(
+                    &resource(&format!("shutdown-{round}")),
+                    Duration::from_secs(2),
+                ))
+                .expect("two of three nodes are up");
+            for _ in 0..4 {
+                let (manager, lock) = (manager.clone(), lock.clone());
+                runtime.spawn(async move {
+                    let _ = manager.unlock(&lock).await;
+                });
+            }
+            std::thread::sleep(Duration::from_micros(round * 37 % 1_500));
+            drop(runtime);
+        }
+        let _ = done.send(());
+    });
+    finished
+        .recv_timeout(Duration::from_secs(120))
+        .expect("300 runtimes dropped while their unlocks ran: a shutdown hung");
+}
