@@ -1,11 +1,12 @@
 //! Fencing tokens grow with every holder, survive a minority of nodes losing
 //! their counters, and are given only to the lock's holder. One counter per
-//! node serves every resource (issue 21): a name never used before gets a
-//! token while a node is down, and names leave no key behind.
+//! node serves every resource: a name never used before gets a token while a
+//! node is down, names leave no key behind, and a resource named like a
+//! counter is an ordinary lock.
 
 use std::time::{Duration, Instant};
 
-use redlock_harness::{Cluster, resource};
+use redlock_harness::{Cluster, manager, resource};
 use redlock_quorum::{Error, Redlock};
 
 const TTL: Duration = Duration::from_secs(10);
@@ -331,4 +332,37 @@ async fn only_the_holder_gets_a_token() {
     tokio::time::sleep(Duration::from_millis(80)).await;
     let err = redlock.fencing_token(&short).await.expect_err("expired");
     assert!(matches!(err, Error::NotHeld { .. }), "{err}");
+}
+
+/// The fencing counter of `X` must not take the lock key of the
+/// resource `X:fence`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resource_named_like_a_fencing_counter_can_be_locked() {
+    let cluster = Cluster::shared(5);
+    let redlock = manager(cluster.urls());
+    let x = resource("fence-x");
+    let lock = redlock.try_lock(&x, TTL).await.unwrap();
+    assert!(redlock.fencing_token(&lock).await.unwrap() >= 1);
+    redlock.unlock(&lock).await.unwrap();
+
+    let named_like_counter = redlock.try_lock(&format!("{x}:fence"), TTL).await;
+    assert!(
+        named_like_counter.is_ok(),
+        "{x}:fence refused: {named_like_counter:?}"
+    );
+    redlock.unlock(&named_like_counter.unwrap()).await.unwrap();
+}
+
+/// Fencing `Y` works while someone holds the resource `Y:fence`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fencing_works_while_a_resource_named_like_its_counter_is_locked() {
+    let cluster = Cluster::shared(5);
+    let (redlock, other) = (manager(cluster.urls()), manager(cluster.urls()));
+    let y = resource("fence-y");
+    let squatter = other.try_lock(&format!("{y}:fence"), TTL).await.unwrap();
+    let lock = redlock.try_lock(&y, TTL).await.unwrap();
+    let token = redlock.fencing_token(&lock).await;
+    redlock.unlock(&lock).await.unwrap();
+    other.unlock(&squatter).await.unwrap();
+    assert!(token.is_ok(), "fencing_token failed: {token:?}");
 }
