@@ -8,7 +8,8 @@
 //!
 //! Each fault runs for `REDLOCK_FAULT_SECS` seconds (default 3); set it
 //! higher for a longer run. Each prints one summary line. The checker's own
-//! negative controls are in `tests/checker_controls.rs`.
+//! negative controls are in `tests/checker_controls.rs` and
+//! `harness/tests/checker.rs`.
 
 use std::time::{Duration, Instant};
 
