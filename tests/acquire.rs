@@ -209,7 +209,7 @@ async fn validity_is_ttl_minus_drift_and_close_to_it() {
         for i in 0..cluster.len() {
             let mut pttl = -2;
             cluster.eventually(Duration::from_secs(5), |c| {
-                pttl = redis::cmd("PTTL").arg(&res).query(&mut c.conn(i)).unwrap();
+                pttl = c.pttl_on(i, &res);
                 pttl != -2
             });
             let validity = lock.validity().as_millis();

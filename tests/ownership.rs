@@ -9,13 +9,6 @@ use redlock_quorum::Error;
 
 const TTL: Duration = Duration::from_secs(10);
 
-fn pttl(cluster: &Cluster, i: usize, key: &str) -> i64 {
-    redis::cmd("PTTL")
-        .arg(key)
-        .query(&mut cluster.conn(i))
-        .unwrap()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unlock_and_extend_with_a_foreign_token_leave_the_keys_untouched() {
     let cluster = Cluster::shared(5);
@@ -41,7 +34,7 @@ async fn unlock_and_extend_with_a_foreign_token_leave_the_keys_untouched() {
 
     assert_eq!(cluster.count(&res, "other-holder"), 5, "values untouched");
     for i in 0..5 {
-        let left = pttl(&cluster, i, &res);
+        let left = cluster.pttl_on(i, &res);
         assert!(
             left > 0 && left <= 60_000,
             "expiry untouched on node {i}: {left}"
@@ -143,7 +136,7 @@ async fn extend_after_expiry_is_not_held_and_spares_the_new_holder() {
     for _ in 0..2 {
         assert_eq!(cluster.count(&res, new.token()), 5);
         for i in 0..5 {
-            let left = pttl(&cluster, i, &res);
+            let left = cluster.pttl_on(i, &res);
             assert!(
                 left > 0 && left <= TTL.as_millis() as i64,
                 "expiry untouched on node {i}: {left}"
@@ -225,9 +218,9 @@ async fn unlock_and_extend_survive_a_flushed_script_cache() {
     // loading the flushed script first) finish on their own
     assert!(
         cluster.eventually(Duration::from_secs(5), |c| (0..c.len())
-            .all(|i| pttl(c, i, &res) > 10_000)),
+            .all(|i| c.pttl_on(i, &res) > 10_000)),
         "the extension reached every node: {:?}",
-        (0..5).map(|i| pttl(&cluster, i, &res)).collect::<Vec<_>>()
+        (0..5).map(|i| cluster.pttl_on(i, &res)).collect::<Vec<_>>()
     );
     flush();
     assert_eq!(redlock.unlock(&lock).await.expect("unlock after flush"), 5);

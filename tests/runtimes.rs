@@ -74,10 +74,7 @@ fn a_release_from_another_runtime_follows_the_locks_set_on_a_paused_node() {
         std::thread::sleep((ttl * 2).saturating_sub(paused.elapsed()));
         cluster.node(2).resume();
         std::thread::sleep(Duration::from_millis(300));
-        let pttl: i64 = redis::cmd("PTTL")
-            .arg(&name)
-            .query(&mut cluster.conn(2))
-            .expect("PTTL");
+        let pttl = cluster.pttl_on(2, &name);
         assert_eq!(
             pttl, -2,
             "round {round}: the key is back on the resumed node with a fresh ttl"

@@ -65,17 +65,6 @@ async fn a_guard_keeps_everyone_out_for_four_ttls() {
     assert_eq!(cluster.count(&res, &token), 0);
 }
 
-fn pttls(cluster: &Cluster, key: &str) -> Vec<i64> {
-    (0..cluster.len())
-        .map(|i| {
-            redis::cmd("PTTL")
-                .arg(key)
-                .query(&mut cluster.conn(i))
-                .unwrap()
-        })
-        .collect()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn release_stops_renewal_and_nothing_recreates_the_key() {
     let cluster = Cluster::shared(5);
@@ -117,7 +106,7 @@ async fn release_stops_renewal_and_nothing_recreates_the_key() {
         let watch_for = (4 * interval).max(Duration::from_millis(200));
         let until = Instant::now() + watch_for;
         while Instant::now() < until {
-            let left = pttls(&cluster, &res);
+            let left = cluster.pttls(&res);
             assert!(
                 left.iter().all(|&ms| ms > TTL.as_millis() as i64),
                 "renewed after release: pttl {left:?}"
