@@ -546,7 +546,11 @@ fn bad_input_is_refused_with_the_config_code_and_leaves_no_key() {
         assert!(stderr.contains(says), "{args:?}: {stderr}");
         assert!(!marker.exists(), "{args:?} ran the command");
     }
-    assert_eq!(cluster.all_keys(), vec![Vec::<Vec<u8>>::new(); 5], "keys left");
+    assert_eq!(
+        cluster.all_keys(),
+        vec![Vec::<Vec<u8>>::new(); 5],
+        "keys left"
+    );
 
     // A command that cannot be found: the shell's 127, the lock released.
     let out = output(redlock(

@@ -68,9 +68,7 @@ async fn tokens_grow_with_every_holder() {
     // the counter is one key per prefix, without expiry, under a name that
     // no resource's lock key can have; no key per resource
     let key = keys::counter(&prefix);
-    assert!(cluster.eventually(Duration::from_secs(2), |c| {
-        c.pttls(&key) == vec![-1; 5]
-    }));
+    assert!(cluster.eventually(Duration::from_secs(2), |c| { c.pttls(&key) == vec![-1; 5] }));
     for old_layout in [
         format!("{prefix}{res}:fence").into_bytes(),
         keys::legacy_counter(&format!("{prefix}{res}")),
@@ -130,15 +128,21 @@ async fn many_distinct_names_leave_at_most_one_counter_key_per_node() {
     redlock.unlock(&multi).await.unwrap();
     // the fencing writes to the slower nodes land on their own
     cluster.eventually(Duration::from_secs(2), |c| {
-        (0..3).all(|i| {
-            c.keys_on(i).len() <= 2
-        })
+        (0..3).all(|i| c.keys_on(i).len() <= 2)
     });
     for i in 0..3 {
         let on_node = cluster.keys_on(i);
         let counters = on_node.iter().filter(|k| keys::is_counter(k)).count();
-        let legacy = on_node.iter().filter(|k| keys::is_legacy_counter(k)).count();
-        assert_eq!((counters, legacy), (1, 0), "node {i}: {} keys", on_node.len());
+        let legacy = on_node
+            .iter()
+            .filter(|k| keys::is_legacy_counter(k))
+            .count();
+        assert_eq!(
+            (counters, legacy),
+            (1, 0),
+            "node {i}: {} keys",
+            on_node.len()
+        );
         assert!(
             on_node.len() <= 2,
             "node {i}: the counter and the marker only: {on_node:?}"

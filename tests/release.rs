@@ -12,7 +12,6 @@ use redlock_quorum::Redlock;
 
 const TTL: Duration = Duration::from_secs(10);
 
-
 /// An `unlock` right after the grant, on a fresh manager whose
 /// connections are still being made, must release the key on every node.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -123,7 +122,7 @@ async fn release_retries_are_one_task_per_node_and_end_with_the_manager() {
     }
     let url = &cluster.urls()[2];
     for i in (0..CYCLES).step_by(50) {
-        assert!(!exists(url, &format!("{prefix}:{i}")), "key {i} left");
+        assert!(!exists(url, format!("{prefix}:{i}")), "key {i} left");
     }
 
     // Owed again, then the manager is dropped: its worker ends.

@@ -597,9 +597,7 @@ async fn a_release_wakes_only_the_manager_it_names() {
     }
     assert!(subscribed_everywhere(&cluster, &res, MANAGERS as i64));
     let registered = cluster.eventually(Duration::from_secs(3), |cl| {
-        (0..cl.len()).all(|i| {
-            cl.hlen_on(i, keys::waiters(&res)) == MANAGERS
-        })
+        (0..cl.len()).all(|i| cl.hlen_on(i, keys::waiters(&res)) == MANAGERS)
     });
     assert!(registered, "every manager registered on every node");
     let mut winners = Vec::new();
@@ -652,9 +650,7 @@ async fn a_release_wakes_only_the_manager_it_names() {
         task.await.unwrap();
     }
     // Nobody waits any more: every manager left the waiting hash.
-    let empty = cluster.eventually(Duration::from_secs(3), |cl| {
-        cl.nowhere(keys::waiters(&res))
-    });
+    let empty = cluster.eventually(Duration::from_secs(3), |cl| cl.nowhere(keys::waiters(&res)));
     assert!(empty, "no waiting hash left once no waiter remains");
 }
 

@@ -169,7 +169,9 @@ impl Cluster {
 
     /// `PTTL key` on every node.
     pub fn pttls(&self, key: impl AsRef<[u8]>) -> Vec<i64> {
-        (0..self.len()).map(|i| self.pttl_on(i, key.as_ref())).collect()
+        (0..self.len())
+            .map(|i| self.pttl_on(i, key.as_ref()))
+            .collect()
     }
 
     /// `GET key` on node `i`, for keys that are not lock keys (a counter, a

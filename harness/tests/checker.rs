@@ -129,7 +129,10 @@ fn a_violation_in_a_history_from_another_process_is_caught() {
         line_window("p1", "tok-1", t, t + 10 * MS),
         format!("@@S p1 1 {}", t + MS),
         format!("@@S p1 0 {}", t + 8 * MS),
-        format!("test child ... {}", line_window("p2", "tok-2", t + 5 * MS, t + 15 * MS)),
+        format!(
+            "test child ... {}",
+            line_window("p2", "tok-2", t + 5 * MS, t + 15 * MS)
+        ),
         format!("@@S p2 1 {}", t + 6 * MS),
         format!("@@S p2 0 {}", t + 7 * MS),
         format!("@@F p2 tok-2 2 1 {}", t + 6 * MS + MS / 2),

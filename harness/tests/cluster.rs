@@ -22,7 +22,11 @@ fn a_node_pauses_resumes_dies_and_restarts_empty_on_its_port() {
     cluster.node(0).pause();
     let t = Instant::now();
     assert_eq!(cluster.value_on(0, "k"), None, "a paused node answers");
-    assert!(t.elapsed() >= Duration::from_millis(400), "{:?}", t.elapsed());
+    assert!(
+        t.elapsed() >= Duration::from_millis(400),
+        "{:?}",
+        t.elapsed()
+    );
     cluster.node(0).resume();
     assert_eq!(cluster.value_on(0, "k").as_deref(), Some("v"));
 
@@ -80,10 +84,7 @@ fn raw_checks_read_what_was_written_on_each_node() {
     want.sort();
     assert_eq!(on_1, want);
     let all = cluster.all_keys();
-    assert_eq!(
-        all.iter().map(Vec::len).collect::<Vec<_>>(),
-        vec![1, 2, 1]
-    );
+    assert_eq!(all.iter().map(Vec::len).collect::<Vec<_>>(), vec![1, 2, 1]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -95,12 +96,19 @@ async fn an_acl_user_works_within_its_rule_and_nowhere_else() {
     );
     assert_eq!(urls.len(), 3);
     for (url, node) in urls.iter().zip(cluster.urls()) {
-        assert!(url.starts_with("redis://tester:tester-pass@127.0.0.1:"), "{url}");
+        assert!(
+            url.starts_with("redis://tester:tester-pass@127.0.0.1:"),
+            "{url}"
+        );
         assert!(url.ends_with(node.trim_start_matches("redis://")), "{url}");
         let mut con = raw::conn(url);
         let whoami: String = redis::cmd("ACL").arg("WHOAMI").query(&mut con).unwrap();
         assert_eq!(whoami, "tester");
-        let _: () = redis::cmd("SET").arg("mine:k").arg("1").query(&mut con).unwrap();
+        let _: () = redis::cmd("SET")
+            .arg("mine:k")
+            .arg("1")
+            .query(&mut con)
+            .unwrap();
         let other: redis::RedisResult<()> =
             redis::cmd("SET").arg("theirs:k").arg("1").query(&mut con);
         assert!(other.is_err(), "a key outside the rule was written");
@@ -147,7 +155,10 @@ async fn the_key_layout_is_the_one_the_library_writes() {
             n == 1 && c.hlen_on(i, keys::waiters(&key)) == 1
         })
     });
-    assert!(subscribed, "the waiter subscribed and registered everywhere");
+    assert!(
+        subscribed,
+        "the waiter subscribed and registered everywhere"
+    );
     holder.unlock(&lock).await.unwrap();
     let next = tokio::time::timeout(Duration::from_secs(20), waiting)
         .await
@@ -157,6 +168,9 @@ async fn the_key_layout_is_the_one_the_library_writes() {
     let handed = (0..3)
         .filter(|&i| cluster.exists_on(i, keys::handoff(&key)))
         .count();
-    assert!(handed >= 2, "the release named a successor on a quorum: {handed}");
+    assert!(
+        handed >= 2,
+        "the release named a successor on a quorum: {handed}"
+    );
     waiter.unlock(&next).await.unwrap();
 }
