@@ -32,19 +32,7 @@ const RULE: &[&str] = &[
 
 fn cluster_with_lock_user() -> (Cluster, Vec<String>) {
     let cluster = Cluster::start(3);
-    for i in 0..3 {
-        let _: () = redis::cmd("ACL")
-            .arg("SETUSER")
-            .arg("locker")
-            .arg(RULE)
-            .query(&mut cluster.conn(i))
-            .unwrap();
-    }
-    let urls = cluster
-        .urls()
-        .iter()
-        .map(|u| u.replacen("redis://", "redis://locker:locker-pass@", 1))
-        .collect();
+    let urls = cluster.acl_user("locker", RULE);
     (cluster, urls)
 }
 
@@ -131,19 +119,7 @@ async fn a_user_without_scripts_releases_with_the_servers_native_delete() {
             _ => true,
         })
         .collect();
-    for i in 0..3 {
-        let _: () = redis::cmd("ACL")
-            .arg("SETUSER")
-            .arg("noscripts")
-            .arg(&ok_rule)
-            .query(&mut cluster.conn(i))
-            .unwrap();
-    }
-    let urls: Vec<String> = cluster
-        .urls()
-        .iter()
-        .map(|u| u.replacen("redis://", "redis://noscripts:locker-pass@", 1))
-        .collect();
+    let urls = cluster.acl_user("noscripts", &ok_rule);
     let redlock = Redlock::builder(urls.iter().map(String::as_str))
         .key_prefix("app:")
         .node_timeout(Duration::from_millis(500))

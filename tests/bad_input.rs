@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use redis::Commands;
+use redlock_harness::raw::exists;
 use redlock_harness::{Cluster, resource};
 use redlock_quorum::{Error, MAX_TTL, Redlock};
 
@@ -252,4 +253,53 @@ async fn a_key_of_another_type_on_a_majority_is_a_typed_error() {
             .unwrap();
         assert_eq!(t, if i < 3 { "list" } else { "none" }, "node {i}");
     }
+}
+
+/// Checks that a manager over `urls` (one server named twice) is refused
+/// with `DuplicateNode`, at build or at the first call, and that no key was
+/// left anywhere in `check`.
+async fn refused_as_duplicate(urls: &[String], check: &[String]) {
+    let res = resource("dup");
+    match Redlock::builder(urls.iter().map(String::as_str)).build() {
+        Err(Error::DuplicateNode { .. }) => {}
+        Err(e) => panic!("{urls:?}: build failed with {e}"),
+        Ok(redlock) => {
+            let r = redlock.try_lock(&res, TTL).await;
+            assert!(
+                matches!(r, Err(Error::DuplicateNode { .. })),
+                "{urls:?}: try_lock gave {r:?}"
+            );
+        }
+    }
+    for url in check {
+        assert!(!exists(url, &res), "key left at {url}");
+    }
+}
+
+/// One server given by two host names counts once, not twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_server_under_two_host_names_is_a_duplicate() {
+    let mut cluster = Cluster::start(2);
+    let port = cluster.node(0).port();
+    let third = cluster.urls()[1].clone();
+    let urls = [
+        format!("redis://127.0.0.1:{port}"),
+        format!("redis://localhost:{port}"),
+        third.clone(),
+    ];
+    refused_as_duplicate(&urls, &[urls[0].clone(), third]).await;
+}
+
+/// Two databases of one server are one node, not two.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_databases_of_one_server_are_a_duplicate() {
+    let mut cluster = Cluster::start(2);
+    let port = cluster.node(0).port();
+    let third = cluster.urls()[1].clone();
+    let urls = [
+        format!("redis://127.0.0.1:{port}/0"),
+        format!("redis://127.0.0.1:{port}/1"),
+        third,
+    ];
+    refused_as_duplicate(&urls, &urls).await;
 }

@@ -157,18 +157,6 @@ fn process_gone(pid: &str) -> bool {
     }
 }
 
-/// The keys on every node (the lock's and the fencing counter among them).
-fn keys(cluster: &Cluster) -> Vec<Vec<Vec<u8>>> {
-    (0..cluster.len())
-        .map(|i| {
-            redis::cmd("KEYS")
-                .arg("*")
-                .query(&mut cluster.conn(i))
-                .expect("KEYS")
-        })
-        .collect()
-}
-
 fn assert_released(cluster: &Cluster, name: &str) {
     assert_eq!(
         cluster.values(name),
@@ -272,14 +260,7 @@ fn hold_for_keeps_a_short_job_from_running_twice() {
     // 30 s ttl, on a quorum (the shortening round stops at a quorum; a node
     // it did not reach in time keeps the longer expiry, which cannot make
     // a quorum). What was left is at most the hold and its drift allowance.
-    let mut pttls: Vec<i64> = (0..cluster.len())
-        .map(|i| {
-            redis::cmd("PTTL")
-                .arg(&name)
-                .query(&mut cluster.conn(i))
-                .expect("PTTL")
-        })
-        .collect();
+    let mut pttls = cluster.pttls(&name);
     pttls.sort_unstable();
     assert!(pttls[2] <= 8_200, "pttls {pttls:?} ms");
     if Instant::now() < first_ended + hold {
@@ -565,7 +546,11 @@ fn bad_input_is_refused_with_the_config_code_and_leaves_no_key() {
         assert!(stderr.contains(says), "{args:?}: {stderr}");
         assert!(!marker.exists(), "{args:?} ran the command");
     }
-    assert_eq!(keys(&cluster), vec![Vec::<Vec<u8>>::new(); 5], "keys left");
+    assert_eq!(
+        cluster.all_keys(),
+        vec![Vec::<Vec<u8>>::new(); 5],
+        "keys left"
+    );
 
     // A command that cannot be found: the shell's 127, the lock released.
     let out = output(redlock(

@@ -1,4 +1,4 @@
-//! Acknowledged durability (issue 11): with `Durability::Disk`, a node's
+//! Acknowledged durability: with `Durability::Disk`, a node's
 //! agreement counts only once `WAITAOF` confirmed the write on its disk.
 //! On servers with `WAITAOF` (Redis 7.2+, Valkey; the suite runs on Valkey
 //! 9.1 in CI) the positive path is tested; everywhere, a node that cannot

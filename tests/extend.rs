@@ -1,11 +1,12 @@
-//! An extension whose round ends after the lock's validity ran out (issue
-//! 21, item 10; the model's `watchdog = false` schedule): it must not
-//! report the lock held, and must not leave our keys behind with a fresh
-//! ttl.
+//! Extension: it is not refused while a quorum holds our token (nodes
+//! restarted empty, one of ours paused), and an extension whose round ends
+//! after the lock's validity ran out (the model's `watchdog = false`
+//! schedule) must not report the lock held, nor leave our keys behind with
+//! a fresh ttl.
 
 use std::time::Duration;
 
-use redlock_harness::{Cluster, resource};
+use redlock_harness::{Cluster, manager, reach_every_node, resource};
 use redlock_quorum::Error;
 
 /// The lock's ttl. With a drift factor of 0.5 the client believes for half
@@ -14,6 +15,9 @@ use redlock_quorum::Error;
 /// when node clocks run slow or the round is slow. The figures leave
 /// seconds of margin on each side for a loaded machine.
 const TTL: Duration = Duration::from_secs(8);
+
+/// The ttl of a lock that stays held while nodes restart and pause.
+const HELD_TTL: Duration = Duration::from_secs(10);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_extension_that_ends_after_the_validity_is_not_held_and_releases_its_keys() {
@@ -76,4 +80,37 @@ async fn an_extension_that_ends_after_the_validity_is_not_held_and_releases_its_
         .await
         .expect("free once the lapsed lock's keys are released");
     b.unlock(&next).await.unwrap();
+}
+
+/// `extend` must not say `NotHeld` while our token is still on a
+/// quorum (two nodes restarted empty, one of ours paused).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn extend_is_not_refused_while_a_quorum_holds_our_token() {
+    let mut cluster = Cluster::start(5);
+    let redlock = cluster
+        .builder()
+        .node_timeout(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    cluster.node(3).kill();
+    cluster.node(4).kill();
+    let res = resource("extend-split");
+    let lock = redlock.try_lock(&res, HELD_TTL).await.expect("3 of 5 up");
+    cluster.node(3).restart();
+    cluster.node(4).restart();
+    reach_every_node(&redlock).await;
+    assert_eq!(cluster.count(&res, lock.token()), 3, "on nodes 0, 1, 2");
+
+    cluster.node(2).pause();
+    let extended = redlock.extend(&lock, HELD_TTL).await;
+    let second = manager(cluster.urls()).try_lock(&res, HELD_TTL).await;
+    cluster.node(2).resume();
+    assert!(
+        !matches!(extended, Err(Error::NotHeld { .. })),
+        "extend said NotHeld while nodes 0, 1 and the paused 2 hold our token"
+    );
+    assert!(
+        matches!(second, Err(Error::Conflict { .. })),
+        "a second client got {second:?}"
+    );
 }

@@ -8,7 +8,8 @@
 //!
 //! Each fault runs for `REDLOCK_FAULT_SECS` seconds (default 3); set it
 //! higher for a longer run. Each prints one summary line. The checker's own
-//! negative controls are in `tests/checker_controls.rs`.
+//! negative controls are in `tests/checker_controls.rs` and
+//! `harness/tests/checker.rs`.
 
 use std::time::{Duration, Instant};
 
@@ -330,10 +331,7 @@ async fn a_holder_process_that_dies_loses_its_lock_after_one_ttl() {
     // key, it expires within one ttl (read right after the kill, so a
     // loaded machine cannot stretch it).
     for i in 0..cluster.len() {
-        let pttl: i64 = redis::cmd("PTTL")
-            .arg(&plan.resource)
-            .query(&mut cluster.conn(i))
-            .unwrap();
+        let pttl = cluster.pttl_on(i, &plan.resource);
         assert!(
             pttl <= ttl.as_millis() as i64,
             "node {i}: the dead holder's key has {pttl} ms left, more than a ttl"

@@ -1,39 +1,20 @@
 //! Fencing tokens grow with every holder, survive a minority of nodes losing
 //! their counters, and are given only to the lock's holder. One counter per
-//! node serves every resource (issue 21): a name never used before gets a
-//! token while a node is down, and names leave no key behind.
+//! node serves every resource: a name never used before gets a token while a
+//! node is down, names leave no key behind, and a resource named like a
+//! counter is an ordinary lock.
 
 use std::time::{Duration, Instant};
 
-use redlock_harness::{Cluster, resource};
+use redlock_harness::{Cluster, keys, manager, resource};
 use redlock_quorum::{Error, Redlock};
 
 const TTL: Duration = Duration::from_secs(10);
 
-/// The fencing counter's key: the key prefix, the byte 0xFF, `counter`.
-fn counter_key(prefix: &str) -> Vec<u8> {
-    let mut key = prefix.as_bytes().to_vec();
-    key.push(0xFF);
-    key.extend_from_slice(b"counter");
-    key
-}
-
-/// The per-resource counter key of older versions: the lock key, 0xFF,
-/// `fence`.
-fn legacy_key(lock_key: &str) -> Vec<u8> {
-    let mut key = lock_key.as_bytes().to_vec();
-    key.push(0xFF);
-    key.extend_from_slice(b"fence");
-    key
-}
-
 /// Node `i`'s counter as stored: `<number>:<generation>` when trusted, a
 /// bare `<number>` when not, `None` when missing.
 fn stored(cluster: &Cluster, i: usize, prefix: &str) -> Option<String> {
-    redis::cmd("GET")
-        .arg(counter_key(prefix))
-        .query(&mut cluster.conn(i))
-        .unwrap()
+    cluster.get_on(i, keys::counter(prefix))
 }
 
 /// The number of a stored counter.
@@ -86,30 +67,21 @@ async fn tokens_grow_with_every_holder() {
     assert_eq!(last, 20, "one step per holder");
     // the counter is one key per prefix, without expiry, under a name that
     // no resource's lock key can have; no key per resource
-    let key = counter_key(&prefix);
-    assert!(cluster.eventually(Duration::from_secs(2), |c| {
-        (0..5).all(|i| {
-            let pttl: i64 = redis::cmd("PTTL").arg(&key).query(&mut c.conn(i)).unwrap();
-            pttl == -1
-        })
-    }));
+    let key = keys::counter(&prefix);
+    assert!(cluster.eventually(Duration::from_secs(2), |c| { c.pttls(&key) == vec![-1; 5] }));
     for old_layout in [
         format!("{prefix}{res}:fence").into_bytes(),
-        legacy_key(&format!("{prefix}{res}")),
+        keys::legacy_counter(&format!("{prefix}{res}")),
     ] {
-        let exists: i64 = redis::cmd("EXISTS")
-            .arg(&old_layout)
-            .query(&mut cluster.conn(0))
-            .unwrap();
-        assert_eq!(exists, 0);
+        assert!(!cluster.exists_on(0, &old_layout));
     }
 }
 
-/// Issue 21, item 7: with one of five nodes stopped, a name never used
-/// before got no token ("fencing token … not proven … every node must
-/// answer"): a missing per-resource counter could not be told from one lost
-/// by a restart. With one counter per node for every name, a quorum of
-/// trusted nodes proves it.
+/// With one of five nodes stopped, a name never used before gets a token.
+/// With one counter per resource it got none ("fencing token … not proven
+/// … every node must answer"): a missing per-resource counter could not be
+/// told from one lost by a restart. With one counter per node for every
+/// name, a quorum of trusted nodes proves it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_never_used_name_gets_a_token_with_one_of_five_nodes_stopped() {
     let mut cluster = Cluster::start(5);
@@ -128,9 +100,9 @@ async fn a_never_used_name_gets_a_token_with_one_of_five_nodes_stopped() {
     assert!(trusted, "the counters were trusted");
 }
 
-/// Issue 21, item 7: every name left a counter key for ever (74 on one node
-/// after a short trial). Now the nodes keep one counter and a generation
-/// marker, whatever the number of names.
+/// The nodes keep one counter and a generation marker, whatever the number
+/// of names (with one counter per resource, every name left a key for ever:
+/// 74 on one node after a short trial).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn many_distinct_names_leave_at_most_one_counter_key_per_node() {
     let cluster = Cluster::start(3);
@@ -156,22 +128,24 @@ async fn many_distinct_names_leave_at_most_one_counter_key_per_node() {
     redlock.unlock(&multi).await.unwrap();
     // the fencing writes to the slower nodes land on their own
     cluster.eventually(Duration::from_secs(2), |c| {
-        (0..3).all(|i| {
-            let keys: Vec<Vec<u8>> = redis::cmd("KEYS").arg("*").query(&mut c.conn(i)).unwrap();
-            keys.len() <= 2
-        })
+        (0..3).all(|i| c.keys_on(i).len() <= 2)
     });
     for i in 0..3 {
-        let keys: Vec<Vec<u8>> = redis::cmd("KEYS")
-            .arg("*")
-            .query(&mut cluster.conn(i))
-            .unwrap();
-        let counters = keys.iter().filter(|k| k.ends_with(b"\xFFcounter")).count();
-        let legacy = keys.iter().filter(|k| k.ends_with(b"\xFFfence")).count();
-        assert_eq!((counters, legacy), (1, 0), "node {i}: {} keys", keys.len());
+        let on_node = cluster.keys_on(i);
+        let counters = on_node.iter().filter(|k| keys::is_counter(k)).count();
+        let legacy = on_node
+            .iter()
+            .filter(|k| keys::is_legacy_counter(k))
+            .count();
+        assert_eq!(
+            (counters, legacy),
+            (1, 0),
+            "node {i}: {} keys",
+            on_node.len()
+        );
         assert!(
-            keys.len() <= 2,
-            "node {i}: the counter and the marker only: {keys:?}"
+            on_node.len() <= 2,
+            "node {i}: the counter and the marker only: {on_node:?}"
         );
     }
 }
@@ -245,7 +219,7 @@ async fn an_older_per_resource_counter_is_a_floor_and_then_removed() {
     let res = resource("fence-legacy");
     for i in 0..3 {
         let _: () = redis::cmd("SET")
-            .arg(legacy_key(&res))
+            .arg(keys::legacy_counter(&res))
             .arg("41:an-older-generation")
             .query(&mut cluster.conn(i))
             .unwrap();
@@ -253,13 +227,7 @@ async fn an_older_per_resource_counter_is_a_floor_and_then_removed() {
     let token = token_of(&redlock, &res).await.unwrap();
     assert_eq!(token, 42);
     assert!(cluster.eventually(Duration::from_secs(2), |c| {
-        (0..3).all(|i| {
-            let exists: i64 = redis::cmd("EXISTS")
-                .arg(legacy_key(&res))
-                .query(&mut c.conn(i))
-                .unwrap();
-            exists == 0
-        })
+        c.nowhere(keys::legacy_counter(&res))
     }));
     assert!(token_of(&redlock, &res).await.unwrap() > token);
 }
@@ -331,4 +299,37 @@ async fn only_the_holder_gets_a_token() {
     tokio::time::sleep(Duration::from_millis(80)).await;
     let err = redlock.fencing_token(&short).await.expect_err("expired");
     assert!(matches!(err, Error::NotHeld { .. }), "{err}");
+}
+
+/// The fencing counter of `X` must not take the lock key of the
+/// resource `X:fence`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resource_named_like_a_fencing_counter_can_be_locked() {
+    let cluster = Cluster::shared(5);
+    let redlock = manager(cluster.urls());
+    let x = resource("fence-x");
+    let lock = redlock.try_lock(&x, TTL).await.unwrap();
+    assert!(redlock.fencing_token(&lock).await.unwrap() >= 1);
+    redlock.unlock(&lock).await.unwrap();
+
+    let named_like_counter = redlock.try_lock(&format!("{x}:fence"), TTL).await;
+    assert!(
+        named_like_counter.is_ok(),
+        "{x}:fence refused: {named_like_counter:?}"
+    );
+    redlock.unlock(&named_like_counter.unwrap()).await.unwrap();
+}
+
+/// Fencing `Y` works while someone holds the resource `Y:fence`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fencing_works_while_a_resource_named_like_its_counter_is_locked() {
+    let cluster = Cluster::shared(5);
+    let (redlock, other) = (manager(cluster.urls()), manager(cluster.urls()));
+    let y = resource("fence-y");
+    let squatter = other.try_lock(&format!("{y}:fence"), TTL).await.unwrap();
+    let lock = redlock.try_lock(&y, TTL).await.unwrap();
+    let token = redlock.fencing_token(&lock).await;
+    redlock.unlock(&lock).await.unwrap();
+    other.unlock(&squatter).await.unwrap();
+    assert!(token.is_ok(), "fencing_token failed: {token:?}");
 }

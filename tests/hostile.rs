@@ -15,12 +15,7 @@ fn key_anywhere(servers: &[RedisServer], key: &str, password: Option<&str>) -> b
             Some(p) => format!("redis://:{p}@127.0.0.1:{}/", s.port()),
             None => s.url(),
         };
-        let mut con = redis::Client::open(url).unwrap().get_connection().unwrap();
-        redis::cmd("EXISTS")
-            .arg(key)
-            .query::<i64>(&mut con)
-            .unwrap()
-            == 1
+        redlock_harness::raw::exists(&url, key)
     })
 }
 

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use rand::RngExt;
 use redlock_harness::checker::Checker;
-use redlock_harness::{Cluster, resource};
+use redlock_harness::{Cluster, keys, resource};
 use redlock_quorum::{Error, MAX_RESOURCES};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 
@@ -579,7 +579,7 @@ async fn the_largest_set_is_extended_fenced_and_released_with_a_contender_waitin
         // every node (each key's waiting hash is its name, 0xFF, `waiters`).
         let mut exists = redis::cmd("EXISTS");
         for name in &set {
-            exists.arg([name.as_bytes(), b"\xffwaiters"].concat());
+            exists.arg(keys::waiters(name));
         }
         let registered = |c: &Cluster| {
             (0..3).all(|i| {

@@ -1,9 +1,11 @@
-//! Node failures: paused, killed, down at start and back again.
+//! Node failures: paused, killed, down at start and back again, busy with a
+//! long script, or refusing our password until it is rotated.
 
 use std::time::{Duration, Instant};
 
-use redlock_harness::{Cluster, resource};
-use redlock_quorum::{Error, NodeError};
+use redlock_harness::raw::exists;
+use redlock_harness::{Cluster, RedisServer, manager, resource};
+use redlock_quorum::{Error, NodeError, Redlock};
 
 const TTL: Duration = Duration::from_secs(10);
 
@@ -219,4 +221,89 @@ async fn unlock_retries_an_unreachable_node_in_the_background() {
         "released on the healed node {:?} after healing",
         healed.elapsed()
     );
+}
+
+/// A node whose first connection failed with an error reply (a
+/// wrong password) is tried again, and used once the password is right.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_that_refused_authentication_is_tried_again() {
+    let rotated = RedisServer::start_with(&["--requirepass", "old"]);
+    let mut down = RedisServer::start();
+    let up = RedisServer::start();
+    let new_url = format!("redis://:new@127.0.0.1:{}/", rotated.port());
+    let redlock = manager(&[new_url.clone(), down.url(), up.url()]);
+    down.kill(); // the rotated node is needed for the quorum
+    let res = resource("auth-rotated");
+    let first = redlock.try_lock(&res, TTL).await;
+    assert!(first.is_err(), "locked with a wrong password: {first:?}");
+
+    let mut admin = redis::Client::open(format!("redis://:old@127.0.0.1:{}/", rotated.port()))
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("requirepass")
+        .arg("new")
+        .query(&mut admin)
+        .unwrap();
+
+    let start = Instant::now();
+    let lock = loop {
+        match redlock.try_lock(&res, TTL).await {
+            Ok(lock) => break lock,
+            Err(e) if start.elapsed() < Duration::from_secs(5) => {
+                let _ = e;
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => panic!("the node was never tried again: {e}"),
+        }
+    };
+    assert!(exists(&new_url, &res), "the key reached the rotated node");
+    redlock.unlock(&lock).await.unwrap();
+}
+
+/// A node answering `BUSY` (a long script) is a transient failure:
+/// `lock` retries until the script ends instead of failing at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lock_retries_through_a_busy_node() {
+    const BUSY_FOR_ONE_SECOND: &str = "local t = redis.call('TIME') \
+        local s = tonumber(t[1]) * 1000000 + tonumber(t[2]) \
+        while true do \
+            local n = redis.call('TIME') \
+            if tonumber(n[1]) * 1000000 + tonumber(n[2]) - s > 1000000 then return 1 end \
+        end";
+    let mut nodes: Vec<RedisServer> = (0..3)
+        .map(|_| RedisServer::start_with(&["--busy-reply-threshold", "10"]))
+        .collect();
+    let urls: Vec<String> = nodes.iter().map(RedisServer::url).collect();
+    let redlock = Redlock::builder(urls.iter().map(String::as_str))
+        .retry_count(50)
+        .retry_delay(Duration::from_millis(50))
+        .retry_jitter(Duration::from_millis(10))
+        .node_timeout(Duration::from_millis(500))
+        .build()
+        .unwrap();
+    redlock_harness::warm(&redlock).await;
+    nodes[2].kill();
+
+    let mut probe = nodes[0].conn();
+    let mut script_con = nodes[0].conn();
+    let script = std::thread::spawn(move || {
+        redis::cmd("EVAL")
+            .arg(BUSY_FOR_ONE_SECOND)
+            .arg(0)
+            .query::<i64>(&mut script_con)
+    });
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while redis::cmd("PING").query::<String>(&mut probe).is_ok() {
+        assert!(Instant::now() < deadline, "node 0 never became busy");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+
+    let start = Instant::now();
+    let outcome = redlock.lock(&resource("busy"), TTL).await;
+    let took = start.elapsed();
+    script.join().unwrap().expect("the busy script ran");
+    assert!(outcome.is_ok(), "lock gave up after {took:?}: {outcome:?}");
 }

@@ -1,5 +1,6 @@
 //! Ownership: only the token's holder releases or extends, extension keeps a
-//! lock alive, and the scripts survive a flushed script cache.
+//! lock alive, the scripts survive a flushed script cache, `verify` tells
+//! whether a lock is still held, and `adopt` rebuilds a lock from its token.
 
 use std::time::Duration;
 
@@ -7,13 +8,6 @@ use redlock_harness::{Cluster, resource};
 use redlock_quorum::Error;
 
 const TTL: Duration = Duration::from_secs(10);
-
-fn pttl(cluster: &Cluster, i: usize, key: &str) -> i64 {
-    redis::cmd("PTTL")
-        .arg(key)
-        .query(&mut cluster.conn(i))
-        .unwrap()
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unlock_and_extend_with_a_foreign_token_leave_the_keys_untouched() {
@@ -40,7 +34,7 @@ async fn unlock_and_extend_with_a_foreign_token_leave_the_keys_untouched() {
 
     assert_eq!(cluster.count(&res, "other-holder"), 5, "values untouched");
     for i in 0..5 {
-        let left = pttl(&cluster, i, &res);
+        let left = cluster.pttl_on(i, &res);
         assert!(
             left > 0 && left <= 60_000,
             "expiry untouched on node {i}: {left}"
@@ -142,7 +136,7 @@ async fn extend_after_expiry_is_not_held_and_spares_the_new_holder() {
     for _ in 0..2 {
         assert_eq!(cluster.count(&res, new.token()), 5);
         for i in 0..5 {
-            let left = pttl(&cluster, i, &res);
+            let left = cluster.pttl_on(i, &res);
             assert!(
                 left > 0 && left <= TTL.as_millis() as i64,
                 "expiry untouched on node {i}: {left}"
@@ -224,11 +218,48 @@ async fn unlock_and_extend_survive_a_flushed_script_cache() {
     // loading the flushed script first) finish on their own
     assert!(
         cluster.eventually(Duration::from_secs(5), |c| (0..c.len())
-            .all(|i| pttl(c, i, &res) > 10_000)),
+            .all(|i| c.pttl_on(i, &res) > 10_000)),
         "the extension reached every node: {:?}",
-        (0..5).map(|i| pttl(&cluster, i, &res)).collect::<Vec<_>>()
+        (0..5).map(|i| cluster.pttl_on(i, &res)).collect::<Vec<_>>()
     );
     flush();
     assert_eq!(redlock.unlock(&lock).await.expect("unlock after flush"), 5);
     assert_eq!(cluster.values(&res), vec![None; 5]);
+}
+
+/// A remote check of whether a lock is still held, and a lock
+/// rebuilt from a token that another process handed over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn verify_checks_the_holder_and_adopt_rebuilds_a_lock_from_its_token() {
+    let cluster = Cluster::start(5);
+    let (a, b) = (cluster.redlock(), cluster.redlock());
+    let res = resource("verify");
+    let lock = a.try_lock(&res, TTL).await.unwrap();
+    assert!(a.verify(&lock).await.unwrap());
+
+    // another process takes over the lock by its token
+    let adopted = b.adopt(&res, lock.token()).unwrap();
+    assert_eq!(adopted.validity(), Duration::ZERO, "validity unknown");
+    assert!(b.verify(&adopted).await.unwrap());
+    let extended = b.extend(&adopted, TTL).await.unwrap();
+    assert!(extended.validity() > Duration::from_secs(9));
+    assert_eq!(b.unlock(&extended).await.unwrap(), 5);
+    assert!(!a.verify(&lock).await.unwrap(), "released by the adopter");
+    assert!(matches!(
+        a.extend(&lock, TTL).await,
+        Err(Error::NotHeld { .. })
+    ));
+
+    // a wrong token adopts nothing it can use
+    let lock = a.try_lock(&res, TTL).await.unwrap();
+    let forged = b.adopt(&res, "not-the-token").unwrap();
+    assert!(!b.verify(&forged).await.unwrap());
+    assert!(matches!(
+        b.unlock(&forged).await,
+        Err(Error::NotHeld { .. })
+    ));
+    assert!(cluster.eventually(Duration::from_secs(5), |c| c.count(&res, lock.token()) == 5));
+    assert!(matches!(b.adopt("", "t"), Err(Error::EmptyResource)));
+    assert!(b.adopt(&res, "").is_err());
+    a.unlock(&lock).await.unwrap();
 }

@@ -2,12 +2,15 @@
 //! `redis-server` nodes that are paused (SIGSTOP) and resumed: a failure on
 //! one runtime keeps another runtime's connection, a release sent from
 //! another runtime is queued behind the lock's `SET` on the node, and the
-//! releases owed when a runtime ends are still retried.
+//! releases owed when a runtime ends are still retried, and a manager whose
+//! runtime shut down works on the next one from its first call.
 
 use std::time::{Duration, Instant};
 
 use redlock_harness::{Cluster, resource};
 use redlock_quorum::Redlock;
+
+const TTL: Duration = Duration::from_secs(10);
 
 fn multi_thread() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
@@ -71,10 +74,7 @@ fn a_release_from_another_runtime_follows_the_locks_set_on_a_paused_node() {
         std::thread::sleep((ttl * 2).saturating_sub(paused.elapsed()));
         cluster.node(2).resume();
         std::thread::sleep(Duration::from_millis(300));
-        let pttl: i64 = redis::cmd("PTTL")
-            .arg(&name)
-            .query(&mut cluster.conn(2))
-            .expect("PTTL");
+        let pttl = cluster.pttl_on(2, &name);
         assert_eq!(
             pttl, -2,
             "round {round}: the key is back on the resumed node with a fresh ttl"
@@ -206,4 +206,38 @@ fn a_release_owed_while_its_runtime_shuts_down_does_not_hang_the_shutdown() {
     finished
         .recv_timeout(Duration::from_secs(120))
         .expect("300 runtimes dropped while their unlocks ran: a shutdown hung");
+}
+
+/// A manager used on a runtime that has shut down works on the
+/// next runtime from its first call.
+#[test]
+fn a_manager_works_on_a_second_runtime_from_its_first_call() {
+    let cluster = Cluster::shared(5);
+    let redlock = redlock_harness::manager(cluster.urls());
+    let res = resource("two-runtimes");
+    let runtime = || {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap()
+    };
+    let first = runtime();
+    first.block_on(async {
+        let lock = redlock.try_lock(&res, TTL).await.expect("first runtime");
+        redlock.unlock(&lock).await.expect("first runtime");
+    });
+    drop(first);
+    let second = runtime();
+    let outcome = second.block_on(async {
+        let outcome = redlock.try_lock(&res, TTL).await;
+        if let Ok(lock) = &outcome {
+            redlock.unlock(lock).await.expect("second runtime");
+        }
+        outcome
+    });
+    assert!(
+        outcome.is_ok(),
+        "first call on the second runtime: {outcome:?}"
+    );
 }

@@ -146,12 +146,9 @@ impl Drop for Pki {
     }
 }
 
+/// Whether `key` exists on `server` (looked at through its plain port).
 fn exists(server: &RedisServer, key: &str) -> bool {
-    redis::cmd("EXISTS")
-        .arg(key)
-        .query::<i64>(&mut server.conn())
-        .unwrap()
-        == 1
+    redlock_harness::raw::exists(&server.url(), key)
 }
 
 fn rediss(port: u16) -> String {

@@ -1,4 +1,4 @@
-//! Event-driven waiting (issue 10), on real servers: a release wakes a
+//! Event-driven waiting, on real servers: a release wakes a
 //! waiter at once, a crashed holder's lock is taken at its expiry, hand-offs
 //! under contention stay mutually exclusive, and the subscriptions degrade
 //! (ACL, killed connections) and clean up (cancelled waiters) as documented.
@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use redlock_harness::checker::Checker;
-use redlock_harness::{Cluster, resource};
+use redlock_harness::{Cluster, keys, resource};
 use redlock_quorum::{Error, Redlock};
 
 /// The holders' ttl.
@@ -39,14 +39,6 @@ fn slow_poller(cluster: &Cluster, poll: Duration) -> Redlock {
         .retry_jitter(Duration::ZERO)
         .build()
         .unwrap()
-}
-
-/// The release channel of a lock key: the key, `0xFF`, `released`.
-fn channel(key: &str) -> Vec<u8> {
-    let mut c = key.as_bytes().to_vec();
-    c.push(0xFF);
-    c.extend_from_slice(b"released");
-    c
 }
 
 /// How many subscribers node `i` counts on `channel`.
@@ -74,7 +66,7 @@ fn release_channels(cluster: &Cluster, i: usize) -> usize {
 fn own_channels(cluster: &Cluster, i: usize) -> usize {
     let channels: Vec<Vec<u8>> = redis::cmd("PUBSUB")
         .arg("CHANNELS")
-        .arg(b"*released\xFF*".as_slice())
+        .arg(keys::own_channel_pattern())
         .query(&mut cluster.conn(i))
         .unwrap();
     channels.len()
@@ -92,7 +84,7 @@ fn pubsub_clients(cluster: &Cluster, i: usize) -> usize {
 }
 
 fn subscribed_everywhere(cluster: &Cluster, key: &str, n: i64) -> bool {
-    let c = channel(key);
+    let c = keys::release_channel(key);
     cluster.eventually(Duration::from_secs(3), |cl| {
         (0..cl.len()).all(|i| numsub(cl, i, &c) == n)
     })
@@ -246,19 +238,7 @@ async fn waiting_works_when_an_acl_denies_pub_sub() {
         "+evalsha",
         "+script|load",
     ];
-    for i in 0..3 {
-        let _: () = redis::cmd("ACL")
-            .arg("SETUSER")
-            .arg("locker")
-            .arg(&rule[..])
-            .query(&mut cluster.conn(i))
-            .unwrap();
-    }
-    let urls: Vec<String> = cluster
-        .urls()
-        .iter()
-        .map(|u| u.replacen("redis://", "redis://locker:pw@", 1))
-        .collect();
+    let urls = cluster.acl_user("locker", &rule);
     let build = || {
         Redlock::builder(urls.iter().map(String::as_str))
             .key_prefix("app:")
@@ -582,15 +562,6 @@ async fn ten_thousand_waiters_on_a_thousand_keys_stay_bounded() {
     }));
 }
 
-/// The hash of the managers waiting for a lock key: the key, `0xFF`,
-/// `waiters`.
-fn waiters_key(key: &str) -> Vec<u8> {
-    let mut k = key.as_bytes().to_vec();
-    k.push(0xFF);
-    k.extend_from_slice(b"waiters");
-    k
-}
-
 /// How many `SET` calls node `i` has processed.
 fn set_calls(cluster: &Cluster, i: usize) -> u64 {
     let info: String = redis::cmd("INFO")
@@ -626,13 +597,7 @@ async fn a_release_wakes_only_the_manager_it_names() {
     }
     assert!(subscribed_everywhere(&cluster, &res, MANAGERS as i64));
     let registered = cluster.eventually(Duration::from_secs(3), |cl| {
-        (0..cl.len()).all(|i| {
-            let n: usize = redis::cmd("HLEN")
-                .arg(waiters_key(&res))
-                .query(&mut cl.conn(i))
-                .unwrap();
-            n == MANAGERS
-        })
+        (0..cl.len()).all(|i| cl.hlen_on(i, keys::waiters(&res)) == MANAGERS)
     });
     assert!(registered, "every manager registered on every node");
     let mut winners = Vec::new();
@@ -685,24 +650,13 @@ async fn a_release_wakes_only_the_manager_it_names() {
         task.await.unwrap();
     }
     // Nobody waits any more: every manager left the waiting hash.
-    let empty = cluster.eventually(Duration::from_secs(3), |cl| {
-        (0..cl.len()).all(|i| {
-            let exists: bool = redis::cmd("EXISTS")
-                .arg(waiters_key(&res))
-                .query(&mut cl.conn(i))
-                .unwrap();
-            !exists
-        })
-    });
+    let empty = cluster.eventually(Duration::from_secs(3), |cl| cl.nowhere(keys::waiters(&res)));
     assert!(empty, "no waiting hash left once no waiter remains");
 }
 
 /// How many fields the waiting hash of `key` has on node `i`.
 fn waiting(cluster: &Cluster, i: usize, key: &str) -> usize {
-    redis::cmd("HLEN")
-        .arg(waiters_key(key))
-        .query(&mut cluster.conn(i))
-        .unwrap()
+    cluster.hlen_on(i, keys::waiters(key))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -721,7 +675,7 @@ async fn a_release_that_names_dead_managers_still_wakes_the_waiter() {
     let dead: Vec<String> = (0..DEAD).map(|d| format!("{d:016x}")).collect();
     for i in 0..cluster.len() {
         let mut cmd = redis::cmd("HSET");
-        cmd.arg(waiters_key(&res));
+        cmd.arg(keys::waiters(&res));
         for id in &dead {
             cmd.arg(id).arg(i64::MAX / 2);
         }
@@ -737,7 +691,7 @@ async fn a_release_that_names_dead_managers_still_wakes_the_waiter() {
         let registered = cluster.eventually(Duration::from_secs(3), |cl| {
             (0..cl.len()).all(|i| {
                 let ids: Vec<String> = redis::cmd("HKEYS")
-                    .arg(waiters_key(&res))
+                    .arg(keys::waiters(&res))
                     .query(&mut cl.conn(i))
                     .unwrap();
                 ids.iter().any(|id| !dead.contains(id))
@@ -797,19 +751,7 @@ async fn an_acl_that_allows_only_the_keys_channels_still_wakes_waiters() {
         "+hgetall",
         "+hdel",
     ];
-    for i in 0..3 {
-        let _: () = redis::cmd("ACL")
-            .arg("SETUSER")
-            .arg("locker")
-            .arg(&rule[..])
-            .query(&mut cluster.conn(i))
-            .unwrap();
-    }
-    let urls: Vec<String> = cluster
-        .urls()
-        .iter()
-        .map(|u| u.replacen("redis://", "redis://locker:pw@", 1))
-        .collect();
+    let urls = cluster.acl_user("locker", &rule);
     // a timed retry far beyond the test: only notifications hand over
     let build = || {
         Redlock::builder(urls.iter().map(String::as_str))
@@ -1092,7 +1034,7 @@ async fn a_paused_node_holds_up_neither_new_waiters_nor_their_links() {
         let (waiter, res) = (waiter.clone(), res.clone());
         tokio::spawn(async move { waiter.lock_within(&res, TTL, Duration::from_secs(60)).await })
     };
-    let c = channel(&res);
+    let c = keys::release_channel(&res);
     assert!(
         cluster.eventually(Duration::from_secs(30), |cl| numsub(cl, 4, &c) == 1),
         "the link to the resumed node subscribes again"

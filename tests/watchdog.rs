@@ -1,13 +1,16 @@
-//! The watchdog: a guard renews while it lives, reports loss, and releases
-//! on every exit path.
+//! The watchdog: a guard renews while it lives (through paused nodes, while
+//! a quorum holds its token, healing nodes that restarted empty, with any
+//! `max_hold`), reports loss (`lost()` and `is_held()` agree; `with_lock`
+//! says so even for work that never yields), and releases on every exit
+//! path.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use futures::FutureExt;
-use redlock_harness::{Cluster, resource};
-use redlock_quorum::{Error, LossReason};
+use redlock_harness::{Cluster, manager, reach_every_node, resource};
+use redlock_quorum::{Error, LossReason, Redlock};
 
 const TTL: Duration = Duration::from_millis(600);
 
@@ -62,17 +65,6 @@ async fn a_guard_keeps_everyone_out_for_four_ttls() {
     assert_eq!(cluster.count(&res, &token), 0);
 }
 
-fn pttls(cluster: &Cluster, key: &str) -> Vec<i64> {
-    (0..cluster.len())
-        .map(|i| {
-            redis::cmd("PTTL")
-                .arg(key)
-                .query(&mut cluster.conn(i))
-                .unwrap()
-        })
-        .collect()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn release_stops_renewal_and_nothing_recreates_the_key() {
     let cluster = Cluster::shared(5);
@@ -114,7 +106,7 @@ async fn release_stops_renewal_and_nothing_recreates_the_key() {
         let watch_for = (4 * interval).max(Duration::from_millis(200));
         let until = Instant::now() + watch_for;
         while Instant::now() < until {
-            let left = pttls(&cluster, &res);
+            let left = cluster.pttls(&res);
             assert!(
                 left.iter().all(|&ms| ms > TTL.as_millis() as i64),
                 "renewed after release: pttl {left:?}"
@@ -549,4 +541,154 @@ async fn renew_concurrency_serializes_renewals() {
         parallel < serialized / 2,
         "renewals at once were spread over {parallel:?}"
     );
+}
+
+/// A renewal must not report the lock taken over while a quorum holds the
+/// guard's token (two nodes restarted empty, one of ours paused).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_guard_is_not_taken_over_while_a_quorum_holds_its_token() {
+    let mut cluster = Cluster::start(5);
+    let redlock = cluster
+        .builder()
+        .node_timeout(Duration::from_millis(200))
+        .build()
+        .unwrap();
+    cluster.node(3).kill();
+    cluster.node(4).kill();
+    let res = resource("guard-split");
+    let guard = redlock
+        .acquire(&res, Duration::from_secs(3))
+        .await
+        .expect("3 of 5 up");
+    cluster.node(3).restart();
+    cluster.node(4).restart();
+    reach_every_node(&redlock).await;
+    // Pause right after a renewal, so that the pause fits in the validity.
+    let renewals = guard.renewals();
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while guard.renewals() == renewals && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    cluster.node(2).pause();
+    tokio::time::sleep(Duration::from_millis(2300)).await;
+    cluster.node(2).resume();
+    assert!(guard.is_held(), "lost: {:?}", guard.watch().loss());
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(
+        guard.is_held(),
+        "lost after resume: {:?}",
+        guard.watch().loss()
+    );
+    guard.release().await.expect("release");
+}
+
+/// Renewal rewrites our key on nodes that restarted empty, so the
+/// guard survives the later loss of the nodes it was first granted on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renewal_heals_nodes_that_restarted_empty() {
+    let mut cluster = Cluster::start(5);
+    let redlock = cluster
+        .builder()
+        .node_timeout(Duration::from_millis(200))
+        .build()
+        .unwrap();
+    let ttl = Duration::from_millis(1500);
+    cluster.node(3).kill();
+    cluster.node(4).kill();
+    let res = resource("heal");
+    let guard = redlock.acquire(&res, ttl).await.expect("3 of 5 up");
+    cluster.node(3).restart();
+    cluster.node(4).restart();
+    tokio::time::sleep(2 * ttl).await;
+    let before = cluster.values(&res);
+    cluster.node(0).kill();
+    cluster.node(1).kill();
+    tokio::time::sleep(2 * ttl).await;
+    assert!(
+        guard.is_held(),
+        "lost: {:?}; values before the kill: {before:?}, token {}",
+        guard.watch().loss(),
+        guard.lock().token()
+    );
+}
+
+/// `max_hold(Duration::MAX)` must not kill the watchdog (an
+/// `Instant` overflow): the guard renews and releases.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_hold_of_duration_max_still_renews_and_releases() {
+    let cluster = Cluster::shared(5);
+    let redlock = cluster
+        .builder()
+        .max_hold(Duration::MAX)
+        .node_timeout(Duration::from_millis(150))
+        .build()
+        .unwrap();
+    let guard = redlock
+        .acquire(&resource("max-hold-max"), Duration::from_millis(600))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let renewals = guard.renewals();
+    let released = guard.release().await;
+    assert!(renewals > 0, "no renewal in 3.5 renewal intervals");
+    assert!(matches!(released, Ok(5)), "release returned {released:?}");
+}
+
+/// `with_lock` must report the loss when the work blocked past
+/// the validity without yielding (the watchdog could not run meanwhile).
+#[tokio::test]
+async fn with_lock_reports_a_loss_during_work_that_never_yields() {
+    let cluster = Cluster::shared(5);
+    let redlock = manager(cluster.urls());
+    let outcome = redlock
+        .with_lock(
+            &resource("no-yield"),
+            Duration::from_millis(300),
+            |_watch| async {
+                std::thread::sleep(Duration::from_secs(1));
+                "done"
+            },
+        )
+        .await;
+    assert!(
+        matches!(outcome, Err(Error::LockLost { .. })),
+        "work outlived a 300 ms lock by 700 ms and got {outcome:?}"
+    );
+}
+
+/// When `lost()` resolves, `is_held()` is already false, and the
+/// reason carries the renewal error that caused the loss. On one thread, so
+/// that `lost()` and the watchdog wake on the same timer tick in a fixed
+/// order (on two workers the disagreement shows in about 1 round of 20).
+#[tokio::test]
+async fn lost_and_is_held_agree_when_renewals_fail() {
+    let mut cluster = Cluster::start(5);
+    for round in 0..10 {
+        let redlock = Redlock::new(cluster.urls().iter().map(String::as_str)).unwrap();
+        let guard = redlock
+            .acquire(&resource("lost-agrees"), Duration::from_millis(600))
+            .await
+            .unwrap();
+        for i in 0..3 {
+            cluster.node(i).kill();
+        }
+        let reason = guard.lost().await;
+        let held = guard.is_held();
+        assert!(
+            !held,
+            "round {round}: lost() said {reason:?}, is_held() true"
+        );
+        assert!(
+            matches!(
+                reason,
+                LossReason::Expired {
+                    last_error: Some(_)
+                }
+            ),
+            "round {round}: {reason:?}"
+        );
+        for i in 0..3 {
+            cluster.node(i).restart();
+        }
+    }
 }

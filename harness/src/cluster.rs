@@ -1,5 +1,6 @@
 //! The nodes a test runs against, helpers to look at and plant state on
-//! them, and unique resource names.
+//! them (raw key checks on every node, ACL users), and unique resource
+//! names.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -7,6 +8,7 @@ use std::time::Duration;
 use redis::Commands;
 use redlock_quorum::{Redlock, RedlockBuilder};
 
+use crate::raw;
 use crate::server::RedisServer;
 
 /// The nodes a test runs against.
@@ -96,10 +98,7 @@ impl Cluster {
 
     /// A plain synchronous connection to node `i`.
     pub fn conn(&self, i: usize) -> redis::Connection {
-        redis::Client::open(self.urls[i].as_str())
-            .expect("url")
-            .get_connection_with_timeout(Duration::from_secs(2))
-            .expect("connect to test node")
+        raw::conn(&self.urls[i])
     }
 
     /// Whether the nodes' server knows the command `name` (asked of node 0
@@ -152,6 +151,76 @@ impl Cluster {
         }
     }
 
+    /// Whether `key` exists on node `i`.
+    pub fn exists_on(&self, i: usize, key: impl AsRef<[u8]>) -> bool {
+        raw::exists(&self.urls[i], key)
+    }
+
+    /// Whether no node has `key`.
+    pub fn nowhere(&self, key: impl AsRef<[u8]>) -> bool {
+        (0..self.len()).all(|i| !self.exists_on(i, key.as_ref()))
+    }
+
+    /// `PTTL key` on node `i`: milliseconds left, -1 without expiry, -2
+    /// when the key does not exist.
+    pub fn pttl_on(&self, i: usize, key: impl AsRef<[u8]>) -> i64 {
+        raw::pttl(&self.urls[i], key)
+    }
+
+    /// `PTTL key` on every node.
+    pub fn pttls(&self, key: impl AsRef<[u8]>) -> Vec<i64> {
+        (0..self.len())
+            .map(|i| self.pttl_on(i, key.as_ref()))
+            .collect()
+    }
+
+    /// `GET key` on node `i`, for keys that are not lock keys (a counter, a
+    /// marker); unlike [`Cluster::value_on`] it panics when the node does
+    /// not answer.
+    pub fn get_on(&self, i: usize, key: impl AsRef<[u8]>) -> Option<String> {
+        raw::get(&self.urls[i], key)
+    }
+
+    /// `HLEN key` on node `i`.
+    pub fn hlen_on(&self, i: usize, key: impl AsRef<[u8]>) -> usize {
+        raw::hlen(&self.urls[i], key)
+    }
+
+    /// Every key on node `i`.
+    pub fn keys_on(&self, i: usize) -> Vec<Vec<u8>> {
+        raw::keys(&self.urls[i])
+    }
+
+    /// Every key on every node, node by node.
+    pub fn all_keys(&self) -> Vec<Vec<Vec<u8>>> {
+        (0..self.len()).map(|i| self.keys_on(i)).collect()
+    }
+
+    /// Creates (or replaces) the ACL user `user` with `rule` on every node
+    /// and returns the nodes' URLs as that user, with the password that
+    /// `rule` sets (its `>password` entry).
+    ///
+    /// # Panics
+    /// When `rule` sets no password, or a node refuses the rule.
+    pub fn acl_user(&self, user: &str, rule: &[&str]) -> Vec<String> {
+        let password = rule
+            .iter()
+            .find_map(|r| r.strip_prefix('>'))
+            .expect("the rule sets a password (`>password`)");
+        for i in 0..self.len() {
+            let _: () = redis::cmd("ACL")
+                .arg("SETUSER")
+                .arg(user)
+                .arg(rule)
+                .query(&mut self.conn(i))
+                .expect("ACL SETUSER");
+        }
+        self.urls
+            .iter()
+            .map(|u| u.replacen("redis://", &format!("redis://{user}:{password}@"), 1))
+            .collect()
+    }
+
     /// Polls `check` until it holds or `within` has passed.
     pub fn eventually(&self, within: Duration, mut check: impl FnMut(&Self) -> bool) -> bool {
         let deadline = std::time::Instant::now() + within;
@@ -201,6 +270,44 @@ pub async fn warm(redlock: &Redlock) {
             Err(e) if std::time::Instant::now() > deadline => panic!("warm-up: {e}"),
             Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
         }
+    }
+}
+
+/// A manager over the given URLs with the test settings of
+/// [`Cluster::builder`] but a node timeout of a second, long enough that a
+/// loaded machine does not time out.
+pub fn manager(urls: &[String]) -> Redlock {
+    Redlock::builder(urls.iter().map(String::as_str))
+        .retry_delay(Duration::from_millis(5))
+        .retry_jitter(Duration::from_millis(10))
+        .node_timeout(Duration::from_secs(1))
+        .build()
+        .expect("valid config")
+}
+
+/// Locks and unlocks throwaway resources until every node released: the
+/// manager's connections to all nodes work (again), as after a node was
+/// restarted.
+///
+/// # Panics
+/// When that did not happen within 20 s.
+pub async fn reach_every_node(redlock: &Redlock) {
+    // Generous: reconnection backs off up to 1 s per node, and a loaded
+    // machine stretches it; this waits for liveness, it does not time it.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Ok(lock) = redlock
+            .try_lock(&resource("reach"), Duration::from_secs(10))
+            .await
+            && redlock.unlock(&lock).await.ok() == Some(redlock.node_count())
+        {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never reached every node again"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 

@@ -8,7 +8,12 @@
 //!   can be paused, resumed, killed and restarted, and is killed on drop.
 //! - [`cluster`]: the nodes a test runs against ([`Cluster`]: its own
 //!   servers, or the ones `REDLOCK_NODES` names), a test builder, helpers to
-//!   read and plant keys, and unique resource names ([`resource`]).
+//!   read and plant keys on every node and to add ACL users, and unique
+//!   resource names ([`resource`]).
+//! - [`raw`]: raw key checks on one node by URL (exists, ttl, value, keys).
+//! - [`keys`]: the names the library derives from a lock key or a key
+//!   prefix (fencing counter, generation marker, waiters, hand-off, release
+//!   channel), mirroring its key layout.
 //! - [`proxy`]: a fault-injecting TCP proxy in front of one node (latency,
 //!   partition, lost replies, resets).
 //! - [`checker`]: the mutual-exclusion checker on one monotonic clock,
@@ -22,9 +27,11 @@
 pub mod checker;
 pub mod cluster;
 pub mod fault;
+pub mod keys;
 pub mod proxy;
+pub mod raw;
 pub mod server;
 pub mod workload;
 
-pub use cluster::{Cluster, external_nodes, resource, warm};
+pub use cluster::{Cluster, external_nodes, manager, reach_every_node, resource, warm};
 pub use server::RedisServer;

@@ -1,5 +1,7 @@
 //! The fault-injecting proxy does what it says, so that the fault tests and
-//! benchmarks that rely on it measure what they claim.
+//! benchmarks that rely on it measure what they claim: in front of a real
+//! `redis-server` it forwards, delays replies or requests, blackholes, drops
+//! replies, resets, and heals.
 
 use std::time::{Duration, Instant};
 
@@ -113,4 +115,45 @@ async fn conn_nowait(url: &str) -> Option<redis::aio::MultiplexedConnection> {
     .await
     .ok()
     .and_then(Result::ok)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_latency_holds_requests_and_every_connection_is_counted() {
+    let server = RedisServer::start();
+    let proxy = Proxy::to_port(server.port()).await;
+    assert_eq!(proxy.connections(), 0);
+    let mut c = conn(&proxy.url()).await;
+    assert_eq!(proxy.fault(), Fault::NONE);
+
+    // requests are held before they go upstream: a write is not on the node
+    // before the delay, and is once the reply is back
+    proxy.set(Fault::RequestLatency(Duration::from_millis(300)));
+    assert_eq!(
+        proxy.fault(),
+        Fault::RequestLatency(Duration::from_millis(300))
+    );
+    let t = Instant::now();
+    let write = tokio::spawn({
+        let mut c = c.clone();
+        async move { c.set::<_, _, ()>("held", "1").await }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let direct: Option<String> = conn(&server.url()).await.get("held").await.unwrap();
+    assert_eq!(direct, None, "the request went upstream before its delay");
+    write.await.unwrap().expect("delivered after the delay");
+    assert!(
+        t.elapsed() >= Duration::from_millis(300),
+        "{:?}",
+        t.elapsed()
+    );
+    let direct: Option<String> = conn(&server.url()).await.get("held").await.unwrap();
+    assert_eq!(direct.as_deref(), Some("1"));
+
+    // healed: no delay to speak of, and a second client is a second
+    // connection
+    proxy.set(Fault::NONE);
+    let _: String = c.get("held").await.unwrap();
+    let mut second = conn(&proxy.url()).await;
+    assert_eq!(second.get::<_, String>("held").await.unwrap(), "1");
+    assert_eq!(proxy.connections(), 2);
 }

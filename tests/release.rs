@@ -1,0 +1,143 @@
+//! Release: an unlock right after a fresh grant releases the key on every
+//! node, a slow one included, and releases owed to a node that cannot be
+//! reached are retried by one task per node that drains when the node heals
+//! and ends with the manager.
+
+use std::time::{Duration, Instant};
+
+use redlock_harness::proxy::{Fault, Proxy};
+use redlock_harness::raw::exists;
+use redlock_harness::{Cluster, manager, reach_every_node, resource};
+use redlock_quorum::Redlock;
+
+const TTL: Duration = Duration::from_secs(10);
+
+/// An `unlock` right after the grant, on a fresh manager whose
+/// connections are still being made, must release the key on every node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unlock_right_after_a_fresh_grant_releases_every_node() {
+    let cluster = Cluster::start(5);
+    for round in 0..200 {
+        let redlock = cluster
+            .builder()
+            .node_timeout(Duration::from_secs(1))
+            .build()
+            .unwrap();
+        let res = resource("fresh-unlock");
+        let lock = redlock.try_lock(&res, TTL).await.expect("healthy nodes");
+        let released = redlock.unlock(&lock).await;
+        let gone = cluster.eventually(Duration::from_secs(5), |c| c.values(&res) == vec![None; 5]);
+        assert!(
+            gone,
+            "round {round}: key left after unlock ({released:?}): {:?}",
+            cluster.values(&res)
+        );
+        assert!(
+            matches!(released, Ok(5)),
+            "round {round}: unlock returned {released:?}"
+        );
+    }
+}
+
+/// The same with 15 ms of latency on one node: the late SET must not land
+/// after the release.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unlock_right_after_a_fresh_grant_releases_a_slow_node() {
+    let mut cluster = Cluster::start(5);
+    let proxy = Proxy::to_port(cluster.node(4).port()).await;
+    proxy.set(Fault::Latency(Duration::from_millis(15)));
+    let mut urls = cluster.urls()[..4].to_vec();
+    urls.push(proxy.url());
+    for round in 0..30 {
+        let redlock = Redlock::builder(urls.iter().map(String::as_str))
+            .node_timeout(Duration::from_secs(1))
+            .build()
+            .unwrap();
+        let res = resource("fresh-unlock-slow");
+        let lock = redlock.try_lock(&res, TTL).await.expect("healthy nodes");
+        let released = redlock.unlock(&lock).await;
+        let gone = cluster.eventually(Duration::from_secs(5), |c| c.values(&res) == vec![None; 5]);
+        assert!(
+            gone,
+            "round {round}: key left after unlock ({released:?}): {:?}",
+            cluster.values(&res)
+        );
+    }
+}
+
+/// Releases owed to a node that resets every connection are
+/// coalesced per node. 500 lock/unlock cycles with a 1 h ttl used to leave
+/// one retry task per release alive (505), making hundreds of connection
+/// attempts a second; now the node gets one worker task, connection attempts
+/// are paced by the backoff, the queue drains when the node heals, and the
+/// worker ends when the manager is dropped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_retries_are_one_task_per_node_and_end_with_the_manager() {
+    const CYCLES: usize = 500;
+    let mut cluster = Cluster::start(3);
+    let proxy = Proxy::to_port(cluster.node(2).port()).await;
+    let urls = vec![
+        cluster.urls()[0].clone(),
+        cluster.urls()[1].clone(),
+        proxy.url(),
+    ];
+    let redlock = manager(&urls);
+    reach_every_node(&redlock).await;
+    let metrics = tokio::runtime::Handle::current().metrics();
+    let tasks_before = metrics.num_alive_tasks();
+
+    proxy.set(Fault::Reset);
+    let hour = Duration::from_secs(3600);
+    let prefix = resource("pile");
+    for i in 0..CYCLES {
+        let lock = redlock.lock(&format!("{prefix}:{i}"), hour).await.unwrap();
+        redlock.unlock(&lock).await.unwrap();
+    }
+    let owed = redlock.pending_releases();
+    let tasks = metrics.num_alive_tasks();
+    let connections = proxy.connections();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let per_second = (proxy.connections() - connections) as f64 / 3.0;
+    eprintln!(
+        "after {CYCLES} cycles: {owed} releases owed, {} tasks alive ({tasks_before} before), {per_second:.1} connection attempts/s",
+        tasks
+    );
+    assert!(owed > 0 && owed <= CYCLES, "owed {owed}");
+    assert!(
+        tasks <= tasks_before + 3,
+        "{tasks} tasks alive, {tasks_before} before"
+    );
+    assert!(per_second <= 5.0, "{per_second} connection attempts/s");
+
+    // The node heals: the queue drains and the keys are gone from it.
+    proxy.set(Fault::NONE);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while redlock.pending_releases() > 0 {
+        assert!(
+            Instant::now() < deadline,
+            "{} owed",
+            redlock.pending_releases()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let url = &cluster.urls()[2];
+    for i in (0..CYCLES).step_by(50) {
+        assert!(!exists(url, format!("{prefix}:{i}")), "key {i} left");
+    }
+
+    // Owed again, then the manager is dropped: its worker ends.
+    proxy.set(Fault::Reset);
+    let lock = redlock.lock(&resource("last"), hour).await.unwrap();
+    redlock.unlock(&lock).await.unwrap();
+    assert_eq!(redlock.pending_releases(), 1);
+    drop(redlock);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while metrics.num_alive_tasks() > tasks_before {
+        assert!(
+            Instant::now() < deadline,
+            "{} tasks alive after the manager was dropped, {tasks_before} before",
+            metrics.num_alive_tasks()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
