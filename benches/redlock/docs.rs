@@ -83,12 +83,11 @@ fn commit(root: &Path) -> String {
     };
     match git(&["rev-parse", "--short", "HEAD"]) {
         Some(hash) => {
-            let dirty = git(&["status", "--porcelain", "--untracked-files=no"])
-                .is_some_and(|s| {
-                    s.lines().any(|l| {
-                        !l.ends_with("docs/performance.md") && !l.ends_with("docs/bench-latency.svg")
-                    })
-                });
+            let dirty = git(&["status", "--porcelain", "--untracked-files=no"]).is_some_and(|s| {
+                s.lines().any(|l| {
+                    !l.ends_with("docs/performance.md") && !l.ends_with("docs/bench-latency.svg")
+                })
+            });
             if dirty {
                 format!("commit `{hash}` with local changes")
             } else {

@@ -199,7 +199,11 @@ async fn run(quick: bool, only: Option<Vec<String>>, no_docs: bool) {
         println!("docs/performance.md left as it is (--only or --no-docs)");
         return;
     }
-    let kind = if quick { docs::Kind::Quick } else { docs::Kind::Full };
+    let kind = if quick {
+        docs::Kind::Quick
+    } else {
+        docs::Kind::Full
+    };
     match docs::write(&page, kind, &machine, root, report.markdown()) {
         Ok(()) => println!("wrote the {kind:?} run's tables into {}", page.display()),
         Err(e) => eprintln!("docs: {e}"),
