@@ -105,6 +105,11 @@ async fn run(quick: bool, only: Option<Vec<String>>, no_docs: bool) {
     // Scenario 1 always runs: it measures the floor the others compare to.
     let wanted = |s: &str| only.as_ref().is_none_or(|o| o.iter().any(|x| x == s));
     let started = Instant::now();
+    // The machine's load before the run, for the docs page: on a shared
+    // machine the figures move with it.
+    let load = std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|l| l.split_whitespace().next().map(str::to_owned));
     let (urls, servers) = match redlock_harness::external_nodes() {
         Some(urls) => (urls, Vec::new()),
         None => {
@@ -204,8 +209,12 @@ async fn run(quick: bool, only: Option<Vec<String>>, no_docs: bool) {
     } else {
         docs::Kind::Full
     };
+    let machine = match load {
+        Some(load) => format!("{machine}, load average {load} at the start"),
+        None => machine,
+    };
     match docs::write(&page, kind, &machine, root, report.markdown()) {
-        Ok(()) => println!("wrote the {kind:?} run's tables into {}", page.display()),
+        Ok(()) => println!("wrote this run's tables into {}", page.display()),
         Err(e) => eprintln!("docs: {e}"),
     }
     if !quick {
