@@ -49,8 +49,13 @@ pub(crate) fn write(
     let text = std::fs::read_to_string(page).map_err(|e| format!("{}: {e}", page.display()))?;
     let begin = format!("<!-- bench:{}:begin -->", kind.name());
     let end = format!("<!-- bench:{}:end -->", kind.name());
-    let (Some(b), Some(e)) = (text.find(&begin), text.find(&end)) else {
-        return Err(format!("{}: no {begin} … {end} markers", page.display()));
+    // A marker counts only on a line of its own: the page's prose names the
+    // markers too, inside backquotes.
+    let (Some(b), Some(e)) = (marker_line(&text, &begin), marker_line(&text, &end)) else {
+        return Err(format!(
+            "{}: no {begin} … {end} markers, each alone on its line",
+            page.display()
+        ));
     };
     if e < b {
         return Err(format!("{}: {end} comes before {begin}", page.display()));
@@ -66,6 +71,23 @@ pub(crate) fn write(
     );
     let updated = format!("{}{section}{}", &text[..b], &text[e + end.len()..]);
     std::fs::write(page, updated).map_err(|e| format!("{}: {e}", page.display()))
+}
+
+/// The byte offset of the one line that is `marker` alone (surrounding
+/// blanks aside); `None` when there is no such line or more than one.
+fn marker_line(text: &str, marker: &str) -> Option<usize> {
+    let mut found = None;
+    let mut offset = 0;
+    for line in text.split_inclusive('\n') {
+        if line.trim() == marker {
+            if found.is_some() {
+                return None;
+            }
+            found = Some(offset + line.find(marker).unwrap_or(0));
+        }
+        offset += line.len();
+    }
+    found
 }
 
 /// The commit the run was built from, marked when the tree had changes
