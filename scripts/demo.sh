@@ -11,4 +11,6 @@ if [ "${REDLOCK_COMPOSE:-0}" = 1 ]; then
 elif [ -z "${REDLOCK_NODES:-}" ]; then
   scripts/ensure-redis.sh
 fi
-exec cargo run --release --example demo
+# The demo's own crate (demo/): it compiles the library and the test harness,
+# none of the benchmark's or the tests' dependencies.
+exec cargo run --release --locked -p redlock-demo

@@ -3,13 +3,18 @@
 //! quorum-th OK), in one process, on the same five nodes.
 //!
 //! ```sh
-//! cargo bench --bench redlock              # full run, a few minutes
-//! cargo bench --bench redlock -- --quick   # under 30 seconds
-//! cargo bench --bench redlock -- --only 6,6c  # scenario 1 (the floor) and those
+//! cargo bench -p redlock-bench --bench redlock              # full run, a few minutes
+//! cargo bench -p redlock-bench --bench redlock -- --quick   # under a minute
+//! cargo bench -p redlock-bench --bench redlock -- --only 6,6c  # scenario 1 (the floor) and those
 //! ```
 //!
 //! Writes a table to stdout, and `target/bench/redlock.{json,md}` plus the
-//! latency chart `target/bench/redlock-latency.svg`.
+//! latency chart `target/bench/redlock-latency.svg`. A full run also writes
+//! its tables into `docs/performance.md` (between `<!-- bench:full:begin -->`
+//! and `<!-- bench:full:end -->`) and its chart as `docs/bench-latency.svg`;
+//! a `--quick` run writes its own section there (`bench:quick`) and leaves
+//! the full run's alone; `--only` and `--no-docs` runs leave the docs as they
+//! are (see the `docs` module).
 //!
 //! # Layout
 //! - `subjects`: ours, rslock and the raw floor, behind one interface.
@@ -17,10 +22,12 @@
 //! - `samples`: latency samples, percentiles and CDFs.
 //! - `report`: the table on stdout, and the JSON and Markdown files.
 //! - `chart`: the latency CDFs as SVG.
+//! - `docs`: the tables written into `docs/performance.md`.
 //! - `heap`: the counting allocator behind scenario 7's memory figure.
 
 mod chart;
 mod contend;
+mod docs;
 mod heap;
 mod report;
 mod samples;
@@ -81,6 +88,7 @@ fn main() {
         return;
     }
     let quick = args.iter().any(|a| a == "--quick");
+    let no_docs = args.iter().any(|a| a == "--no-docs");
     let only: Option<Vec<String>> = args
         .iter()
         .position(|a| a == "--only")
@@ -90,13 +98,18 @@ fn main() {
         .enable_all()
         .build()
         .unwrap();
-    runtime.block_on(run(quick, only));
+    runtime.block_on(run(quick, only, no_docs));
 }
 
-async fn run(quick: bool, only: Option<Vec<String>>) {
+async fn run(quick: bool, only: Option<Vec<String>>, no_docs: bool) {
     // Scenario 1 always runs: it measures the floor the others compare to.
     let wanted = |s: &str| only.as_ref().is_none_or(|o| o.iter().any(|x| x == s));
     let started = Instant::now();
+    // The machine's load before the run, for the docs page: on a shared
+    // machine the figures move with it.
+    let load = std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|l| l.split_whitespace().next().map(str::to_owned));
     let (urls, servers) = match redlock_harness::external_nodes() {
         Some(urls) => (urls, Vec::new()),
         None => {
@@ -167,10 +180,15 @@ async fn run(quick: bool, only: Option<Vec<String>>) {
             .join(", ")
     );
 
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/bench");
+    // This crate lives in `benches/`; its outputs go to the workspace's.
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("benches/ has a parent");
+    let dir = root.join("target/bench");
     let _ = std::fs::create_dir_all(&dir);
     report.save(&dir, &machine, quick);
-    if let Err(e) = chart(&report, &dir.join("redlock-latency.svg")) {
+    let svg = dir.join("redlock-latency.svg");
+    if let Err(e) = chart(&report, &svg) {
         eprintln!("chart: {e}");
     }
     println!(
@@ -178,4 +196,31 @@ async fn run(quick: bool, only: Option<Vec<String>>) {
         dir.display(),
         started.elapsed().as_secs_f64()
     );
+
+    // The docs page: a full run and a quick run each write their own
+    // section; a partial run (`--only`) would leave holes, so it writes none.
+    let page = root.join("docs/performance.md");
+    if no_docs || only.is_some() {
+        println!("docs/performance.md left as it is (--only or --no-docs)");
+        return;
+    }
+    let kind = if quick {
+        docs::Kind::Quick
+    } else {
+        docs::Kind::Full
+    };
+    let machine = match load {
+        Some(load) => format!("{machine}, load average {load} at the start"),
+        None => machine,
+    };
+    match docs::write(&page, kind, &machine, root, report.markdown()) {
+        Ok(()) => println!("wrote this run's tables into {}", page.display()),
+        Err(e) => eprintln!("docs: {e}"),
+    }
+    if !quick {
+        match std::fs::copy(&svg, root.join("docs/bench-latency.svg")) {
+            Ok(_) => println!("copied the chart to docs/bench-latency.svg"),
+            Err(e) => eprintln!("docs/bench-latency.svg: {e}"),
+        }
+    }
 }

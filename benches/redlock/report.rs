@@ -42,11 +42,16 @@ impl Report {
             serde_json::to_string_pretty(&json).unwrap(),
         );
         let md = format!(
-            "## redlock-quorum benchmark\n\nMachine: {machine}. Command: `cargo bench --bench redlock{}`.\n{}",
+            "## redlock-quorum benchmark\n\nMachine: {machine}. Command: `cargo bench -p redlock-bench --bench redlock{}`.\n{}",
             if quick { " -- --quick" } else { "" },
             self.md
         );
         let _ = std::fs::write(dir.join("redlock.md"), md);
+    }
+
+    /// The tables in Markdown, one `###` heading per scenario.
+    pub(crate) fn markdown(&self) -> &str {
+        &self.md
     }
 
     pub(crate) fn note(&mut self, text: &str) {

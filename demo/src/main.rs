@@ -2,8 +2,12 @@
 //! workers through Redlock on five Redis nodes, riding out a node failure.
 //!
 //! ```sh
-//! cargo run --release --example demo
+//! scripts/demo.sh                    # installs redis-server if missing, then runs this
+//! cargo run --release -p redlock-demo
 //! ```
+//!
+//! A crate of its own (`demo/`), so that it compiles the library and the
+//! harness only, none of the root crate's test and benchmark dependencies.
 //!
 //! Nodes: `REDLOCK_NODES` if set; else the cluster of `scripts/cluster.sh` or
 //! `docker-compose.redlock.yml` on ports 7001-7005 if it answers; else five
