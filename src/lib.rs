@@ -133,44 +133,26 @@
 //! The map of the modules and of the main flows is in `ARCHITECTURE.md` at
 //! the top of the repository.
 
-mod address;
-mod builder;
-mod error;
-mod fence;
-mod generation;
-mod guard;
-mod health;
-mod lock;
-mod multi;
-mod node;
-mod redlock;
-mod release;
-mod round;
-mod scripts;
-mod stats;
-mod tally;
-mod timing;
-#[cfg(feature = "tls")]
-mod tls;
+mod api;
+mod engine;
+mod protocol;
 mod trace;
-mod wait;
-mod watchdog;
 
-pub use crate::address::NodeAddress;
-pub use crate::builder::{
+pub use crate::api::address::NodeAddress;
+pub use crate::api::builder::{
     DEFAULT_CONNECT_TIMEOUT, DEFAULT_DRIFT_FACTOR, DEFAULT_NODE_TIMEOUT, DEFAULT_RENEW_CONCURRENCY,
     DEFAULT_RETRY_COUNT, DEFAULT_RETRY_DELAY, DEFAULT_RETRY_JITTER, Durability, RedlockBuilder,
 };
-pub use crate::error::{Error, LossReason, NodeError, NodeFailure};
-pub use crate::guard::{LockGuard, LockWatch};
-pub use crate::health::{Health, NodeHealth};
-pub use crate::lock::Lock;
-pub use crate::multi::MAX_RESOURCES;
-pub use crate::redlock::Redlock;
-pub use crate::stats::Stats;
-pub use crate::timing::MAX_TTL;
+pub use crate::api::guard::{LockGuard, LockWatch};
+pub use crate::engine::acquire::Redlock;
+pub use crate::engine::counters::Stats;
+pub use crate::engine::health::{Health, NodeHealth};
+pub use crate::engine::lock::Lock;
 #[cfg(feature = "tls")]
-pub use crate::tls::TlsConfig;
+pub use crate::engine::tls::TlsConfig;
+pub use crate::protocol::error::{Error, LossReason, NodeError, NodeFailure};
+pub use crate::protocol::request::MAX_RESOURCES;
+pub use crate::protocol::timing::MAX_TTL;
 
 /// The README's examples, compiled as doctests so that they stay true.
 #[cfg(doctest)]

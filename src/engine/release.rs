@@ -9,11 +9,11 @@ use std::time::{Duration, Instant};
 use futures::future::join_all;
 use tokio::task::JoinHandle;
 
-use crate::multi;
-use crate::redlock::Inner;
-use crate::round::{self, InFlight, Until};
-use crate::scripts;
-use crate::tally::{Ask, Tally};
+use crate::engine::acquire::Inner;
+use crate::engine::round::{self, InFlight, Until};
+use crate::protocol::request;
+use crate::protocol::scripts;
+use crate::protocol::tally::{Ask, Tally};
 use crate::trace;
 
 /// The most releases (locks) one node's retry queue keeps. Past it, or past
@@ -77,7 +77,7 @@ pub(crate) async fn release_with(
     after: &InFlight,
     quiet: bool,
 ) -> Tally {
-    let request = multi::unlock_request(keys, token, quiet);
+    let request = request::unlock_request(keys, token, quiet);
     let round = round::round(
         inner,
         only,
@@ -90,7 +90,7 @@ pub(crate) async fn release_with(
     .await;
     if round.tally.highest == Some(2) {
         // A node named a successor: check that it took the lock.
-        crate::wait::check_handoff(inner, &round.tally.agreed, keys, token);
+        crate::engine::wait::check_handoff(inner, &round.tally.agreed, keys, token);
     }
     if Instant::now() < key_expiry {
         // Owed lock by lock: the retry sends the same request again.
@@ -109,7 +109,7 @@ pub(crate) async fn release_with(
 /// node gets one task and at most one batch of requests per pause.
 ///
 /// An owed release is one lock: its token and all its keys, released by the
-/// request that the release round sent ([`multi::unlock_request`]). It is
+/// request that the release round sent ([`request::unlock_request`]). It is
 /// owed until the node answers it, or until its keys would have expired
 /// anyway, or until the manager (with all its clones) is dropped.
 ///
@@ -356,7 +356,7 @@ async fn drain(mut worker: Worker) {
         let node_timeout = inner.config.node_timeout;
         let answers = join_all(batch.iter().map(|(token, keys, quiet)| {
             let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
-            let request = multi::unlock_request(&keys, token, *quiet);
+            let request = request::unlock_request(&keys, token, *quiet);
             round::call(
                 node.clone(),
                 index,

@@ -2,9 +2,9 @@
 
 use std::time::{Duration, Instant};
 
-use crate::error::NodeError;
-use crate::redlock::Redlock;
-use crate::tally::quorum;
+use crate::engine::acquire::Redlock;
+use crate::protocol::error::NodeError;
+use crate::protocol::tally::quorum;
 
 /// One node's part of a [`Health`] report.
 #[derive(Debug, Clone)]

@@ -30,11 +30,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use tokio::sync::Notify;
 
-use crate::builder::Durability;
-use crate::error::NodeError;
-use crate::node::Node;
-use crate::redlock::Inner;
-use crate::tally::{Ask, Reply, Tally};
+use crate::api::builder::Durability;
+use crate::engine::acquire::Inner;
+use crate::engine::node::Node;
+use crate::protocol::error::NodeError;
+use crate::protocol::tally::{Ask, Reply, Tally};
 #[cfg(feature = "tracing")]
 use crate::trace;
 
@@ -59,7 +59,7 @@ pub(crate) enum Request {
     Cmd(Arc<Cmd>),
     /// Commands sent back to back, read as one array of replies; the first
     /// reply's error is the request's error, a later one is left in the
-    /// array for the reader (see [`crate::wait::acquire_request`]).
+    /// array for the reader (see [`crate::engine::wait::acquire_request`]).
     Pipe(Arc<redis::Pipeline>),
     /// A script, run by `EVALSHA` with the `NOSCRIPT` fallback.
     Script {
@@ -349,7 +349,7 @@ fn native_fallback(node: &Node, request: &Request, error: &NodeError) -> Option<
             .to_ascii_lowercase()
             .contains("unknown command"),
     };
-    let unlock: &Script = &crate::scripts::UNLOCK;
+    let unlock: &Script = &crate::protocol::scripts::UNLOCK;
     if !refused || !std::ptr::eq(*script, unlock) || keys.len() != 1 {
         return None;
     }
@@ -472,7 +472,7 @@ mod tests {
         let set = Request::Cmd(Arc::new(redis::cmd("SET")));
         assert_eq!(set.timeout(base), base, "one key: the node timeout");
         let script = |n: usize| Request::Script {
-            script: &crate::scripts::UNLOCK_MANY,
+            script: &crate::protocol::scripts::UNLOCK_MANY,
             keys: (0..n).map(|i| i.to_string().into_bytes()).collect(),
             args: Arc::new([]),
         };

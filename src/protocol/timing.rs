@@ -8,7 +8,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::error::Error;
+use crate::protocol::error::Error;
 
 /// The largest ttl sent to Redis. Redis rejects a `PX` whose deadline
 /// (now + ttl, in milliseconds since the epoch) overflows a signed 64-bit

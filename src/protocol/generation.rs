@@ -4,7 +4,7 @@
 //! # The marker
 //! Each node keeps one key without expiry, the manager's key prefix followed
 //! by the byte `0xFF` and `generation` (never a lock key, which is UTF-8; see
-//! [`scripts`](crate::scripts)). It holds `<born>:<id>`: the node's own
+//! [`scripts`](crate::protocol::scripts)). It holds `<born>:<id>`: the node's own
 //! `TIME` in milliseconds when the marker was made, and a random id. The
 //! whole string is the node's *generation*. A node that loses its data loses
 //! the marker with it, and the next request of ours that carries the
@@ -40,7 +40,7 @@ use std::time::Duration;
 
 use redis::{Script, Value};
 
-use crate::tally::{Reply, quorum};
+use crate::protocol::tally::{Reply, quorum};
 
 /// The byte that separates a key prefix from a key of ours that is not a
 /// lock key; see the module docs.

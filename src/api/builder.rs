@@ -6,15 +6,15 @@ use std::time::Duration;
 
 use redis::ConnectionInfo;
 
-use crate::address::NodeAddress;
-use crate::address::sealed::Sealed;
+use crate::api::address::NodeAddress;
+use crate::api::address::sealed::Sealed;
 
-use crate::error::Error;
-use crate::generation::{self, Generation};
-use crate::lock::new_token;
-use crate::node::{Identities, Node, label};
-use crate::redlock::{Inner, Redlock};
-use crate::release::Retries;
+use crate::engine::acquire::{Inner, Redlock};
+use crate::engine::lock::new_token;
+use crate::engine::node::{Identities, Node, label};
+use crate::engine::release::Retries;
+use crate::protocol::error::Error;
+use crate::protocol::generation::{self, Generation};
 use crate::trace;
 
 /// Default number of retries after the first attempt.
@@ -129,7 +129,7 @@ pub(crate) struct Config {
     pub(crate) durability: Durability,
     pub(crate) stats: bool,
     #[cfg(feature = "tls")]
-    pub(crate) tls: Option<crate::tls::TlsConfig>,
+    pub(crate) tls: Option<crate::engine::tls::TlsConfig>,
 }
 
 /// Configures a [`Redlock`]. Made by [`Redlock::builder`].
@@ -346,7 +346,7 @@ impl RedlockBuilder {
     /// identity for mutual TLS (feature `tls`). Defaults to the system's
     /// roots and no client certificate.
     #[cfg(feature = "tls")]
-    pub fn tls(mut self, tls: crate::tls::TlsConfig) -> Self {
+    pub fn tls(mut self, tls: crate::engine::tls::TlsConfig) -> Self {
         self.config.tls = Some(tls);
         self
     }
@@ -402,7 +402,7 @@ impl RedlockBuilder {
         }
         if config
             .restart_guard
-            .is_some_and(|g| g.is_zero() || g > crate::timing::MAX_TTL)
+            .is_some_and(|g| g.is_zero() || g > crate::protocol::timing::MAX_TTL)
         {
             return Err(Error::InvalidSetting {
                 setting: "restart_guard",
@@ -461,8 +461,8 @@ impl RedlockBuilder {
         }
         let renewals = tokio::sync::Semaphore::new(config.renew_concurrency);
         let retries = Retries::new(nodes.len());
-        let stats = crate::stats::Counters::new(nodes.len(), config.stats);
-        let waits = crate::wait::Waits::new(nodes.clone(), crate::wait::LEASE);
+        let stats = crate::engine::counters::Counters::new(nodes.len(), config.stats);
+        let waits = crate::engine::wait::Waits::new(nodes.clone(), crate::engine::wait::LEASE);
         Ok(Redlock {
             inner: Arc::new(Inner {
                 nodes,

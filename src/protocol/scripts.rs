@@ -39,8 +39,8 @@ use std::sync::LazyLock;
 
 use redis::{Script, Value};
 
-use crate::generation;
-use crate::tally::Reply;
+use crate::protocol::generation;
+use crate::protocol::tally::Reply;
 
 /// The byte that separates a lock key from the name of a key that belongs to
 /// it: never part of a UTF-8 string, so never part of a lock key.
@@ -322,7 +322,7 @@ pub(crate) fn read_unlock(value: &Value) -> Result<Reply, String> {
 }
 
 /// `KEYS` = the lock keys of a release, `ARGV[1]` = its token. Sent by the
-/// releaser, [`wait::HANDOFF_CHECK`](crate::wait::HANDOFF_CHECK) after a
+/// releaser, [`wait::HANDOFF_CHECK`](crate::engine::wait::HANDOFF_CHECK) after a
 /// release that named a successor ([`UNLOCK`] returned 2), to each node
 /// that released: for each key that is still free, and whose last
 /// contended release is still this one (its hand-off marker, see

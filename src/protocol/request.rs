@@ -7,12 +7,12 @@
 //! `extend`, `unlock`, `verify`, `fencing_token` and the watchdog need no
 //! second type: each builds its request from the lock's keys, with the
 //! single-key script for one key and the `*_MANY` script of
-//! [`crate::scripts`] for several.
+//! [`crate::protocol::scripts`] for several.
 //!
 //! # The rule
 //! On each node one script sets every key or none (`ACQUIRE_MANY`), so a
 //! node agrees only when it set the whole set, and the quorum rule of the
-//! [`tally`](crate::tally) applies to the set as it does to one key. Two
+//! [`tally`](crate::protocol::tally) applies to the set as it does to one key. Two
 //! requests whose sets overlap cannot both reach a quorum, and no request
 //! ever holds part of its set while it waits for the rest: deadlock is
 //! impossible by construction, whatever order the names come in.
@@ -31,11 +31,11 @@
 //! runs the script in one go, blocking every other client of that node
 //! meanwhile, and the round must hear a quorum within the node timeout,
 //! which grows by 1 ms per key past the first for such a request
-//! ([`crate::round`]). [`MAX_RESOURCES`] caps a request well below where
+//! ([`crate::engine::round`]). [`MAX_RESOURCES`] caps a request well below where
 //! that bites (its docs give the numbers).
 //!
 //! A release that a node did not answer is owed to it once for the whole
-//! set, and retried with the set's script ([`crate::release`]).
+//! set, and retried with the set's script ([`crate::engine::release`]).
 
 use std::borrow::Cow;
 use std::collections::HashSet;
@@ -44,15 +44,15 @@ use std::time::{Duration, Instant};
 
 use redis::{Cmd, Script, Value};
 
-use crate::error::Error;
-use crate::generation::Generation;
-use crate::guard::LockGuard;
-use crate::lock::Lock;
-use crate::redlock::{Patience, Redlock};
-use crate::round::Request;
-use crate::scripts;
-use crate::tally::Reply;
-use crate::timing;
+use crate::api::guard::LockGuard;
+use crate::engine::acquire::{Patience, Redlock};
+use crate::engine::lock::Lock;
+use crate::engine::round::Request;
+use crate::protocol::error::Error;
+use crate::protocol::generation::Generation;
+use crate::protocol::scripts;
+use crate::protocol::tally::Reply;
+use crate::protocol::timing;
 
 /// The most resources one lock may hold.
 ///
@@ -136,7 +136,7 @@ pub(crate) fn script(
     }
 }
 
-/// A request for a script made by [`crate::generation::with_marker`]: the keys and
+/// A request for a script made by [`crate::protocol::generation::with_marker`]: the keys and
 /// arguments, then the marker key and the manager's candidate id.
 fn marked(
     generation: &Generation,
@@ -498,7 +498,7 @@ mod tests {
     #[test]
     fn the_acquire_reply_is_read_strictly() {
         let off = Generation {
-            marker: crate::generation::marker_key(""),
+            marker: crate::protocol::generation::marker_key(""),
             candidate: "c".into(),
             guard: None,
         };

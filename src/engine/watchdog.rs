@@ -11,11 +11,11 @@ use std::time::{Duration, Instant};
 use tokio::sync::{oneshot, watch};
 use tokio::time::sleep_until;
 
-use crate::error::{Error, LossReason};
-use crate::guard::{LockGuard, LockWatch, State, Stop};
-use crate::lock::Lock;
-use crate::redlock::{Patience, Redlock};
-use crate::timing::{Ttl, after, alarm};
+use crate::api::guard::{LockGuard, LockWatch, State, Stop};
+use crate::engine::acquire::{Patience, Redlock};
+use crate::engine::lock::Lock;
+use crate::protocol::error::{Error, LossReason};
+use crate::protocol::timing::{Ttl, after, alarm};
 use crate::trace::{self, InSpan};
 
 impl Redlock {

@@ -105,11 +105,11 @@ use redis::Value;
 use tokio::sync::{Notify, mpsc};
 use tokio::task::JoinHandle;
 
-use crate::node::Node;
-use crate::redlock::Inner;
-use crate::round::Request;
-use crate::scripts;
-use crate::tally::{Reply, quorum};
+use crate::engine::acquire::Inner;
+use crate::engine::node::Node;
+use crate::engine::round::Request;
+use crate::protocol::scripts;
+use crate::protocol::tally::{Reply, quorum};
 
 /// How many release messages each channel remembers, to count a release
 /// published on several nodes once.
@@ -272,12 +272,12 @@ pub(crate) fn check_handoff(inner: &Arc<Inner>, nodes: &[usize], keys: &[&str], 
         };
         let timeout = inner.config.node_timeout;
         let checks = nodes.iter().map(|&index| {
-            crate::round::call(
+            crate::engine::round::call(
                 inner.nodes[index].clone(),
                 index,
                 request.clone(),
                 timeout,
-                crate::round::InFlight::default(),
+                crate::engine::round::InFlight::default(),
             )
         });
         // Read only by the trace (a no-op without the `tracing` feature).

@@ -6,8 +6,8 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{oneshot, watch};
 
-use crate::error::{Error, LossReason};
-use crate::lock::Lock;
+use crate::engine::lock::Lock;
+use crate::protocol::error::{Error, LossReason};
 
 /// What the watchdog publishes to the guard and its watches.
 #[derive(Debug, Clone)]

@@ -32,13 +32,13 @@
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use crate::error::Error;
-use crate::lock::Lock;
-use crate::multi;
-use crate::redlock::Redlock;
-use crate::round::{self, Round, Until};
-use crate::scripts;
-use crate::tally::{Ask, Outcome, Reply, quorum};
+use crate::engine::acquire::Redlock;
+use crate::engine::lock::Lock;
+use crate::engine::round::{self, Round, Until};
+use crate::protocol::error::Error;
+use crate::protocol::request;
+use crate::protocol::scripts;
+use crate::protocol::tally::{Ask, Outcome, Reply, quorum};
 
 /// How many times a fencing read is made before it fails unproven, when
 /// nodes that did not answer left it unproven.
@@ -160,7 +160,7 @@ impl Redlock {
         let seen = Mutex::new(Vec::new());
         let (tally, read_time) = loop {
             seen.lock().unwrap_or_else(|e| e.into_inner()).clear();
-            let read = multi::fence_request(generation, prefix, lock, None);
+            let read = request::fence_request(generation, prefix, lock, None);
             let reader = generation.reader(scripts::read_fence);
             let started = Instant::now();
             let Round { tally, .. } = round::round(
@@ -225,7 +225,7 @@ impl Redlock {
             .map(|(generation, _)| generation)
             .collect();
 
-        let write = multi::fence_request(generation, prefix, lock, Some((token, &trust)))
+        let write = request::fence_request(generation, prefix, lock, Some((token, &trust)))
             .durable(self.inner.config.durability);
         // The write waits for every node (each bounded by the timeouts), not
         // only a quorum: a counter that a slower node never got (an unlock

@@ -41,8 +41,8 @@ use std::time::{Duration, Instant};
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, Client, ConnectionInfo, RedisError, RedisResult};
 
-use crate::builder::Config;
-use crate::error::NodeError;
+use crate::api::builder::Config;
+use crate::protocol::error::NodeError;
 
 /// The first pause before a node whose connection failed is tried again.
 const FIRST_BACKOFF: Duration = Duration::from_millis(25);
@@ -415,7 +415,7 @@ impl Node {
     }
 
     /// A new dedicated pub/sub connection to the node, made within the
-    /// connect timeout (the subscriptions of [`crate::wait`] ride on it).
+    /// connect timeout (the subscriptions of [`crate::engine::wait`] ride on it).
     ///
     /// # Cancel safety
     /// Cancel-safe: a dropped attempt leaves nothing behind.

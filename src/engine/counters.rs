@@ -6,7 +6,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use crate::redlock::Redlock;
+use crate::engine::acquire::Redlock;
 
 /// Acquire-latency histogram buckets: bucket `b` holds latencies below
 /// `2^(b/4)` microseconds (four buckets per doubling, up to about 4.5 hours).

@@ -14,8 +14,8 @@
 
 use std::time::Instant;
 
-use crate::error::{Error, NodeError, NodeFailure};
-use crate::generation;
+use crate::protocol::error::{Error, NodeError, NodeFailure};
+use crate::protocol::generation;
 
 /// How many of `nodes` nodes must agree: a strict majority, `nodes / 2 + 1`.
 pub(crate) const fn quorum(nodes: usize) -> usize {

@@ -4,21 +4,21 @@
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use crate::address::NodeAddress;
+use crate::api::address::NodeAddress;
 
-use crate::builder::{Config, RedlockBuilder};
-use crate::error::{Error, NodeError};
-use crate::generation::Generation;
-use crate::lock::{Lock, new_token};
-use crate::multi;
-use crate::node::Node;
-use crate::release::{Cleanup, Retries, release_everywhere, release_on, release_with};
-use crate::round::{self, InFlight, Round, Until};
-use crate::stats::{Counters, Ended};
-use crate::tally::{Ask, Outcome, Tally, quorum};
-use crate::timing::{self, Ttl};
+use crate::api::builder::{Config, RedlockBuilder};
+use crate::engine::counters::{Counters, Ended};
+use crate::engine::lock::{Lock, new_token};
+use crate::engine::node::Node;
+use crate::engine::release::{Cleanup, Retries, release_everywhere, release_on, release_with};
+use crate::engine::round::{self, InFlight, Round, Until};
+use crate::engine::wait::{self, Pttls, Registration, Waits};
+use crate::protocol::error::{Error, NodeError};
+use crate::protocol::generation::Generation;
+use crate::protocol::request;
+use crate::protocol::tally::{Ask, Outcome, Tally, quorum};
+use crate::protocol::timing::{self, Ttl};
 use crate::trace::{self, InSpan};
-use crate::wait::{self, Pttls, Registration, Waits};
 
 /// How long a release of an [adopted](Redlock::adopt) lock is retried on
 /// nodes that could not be reached: its ttl is not known here.
@@ -294,7 +294,7 @@ impl Redlock {
         patience: Patience,
     ) -> Result<Lock, Error> {
         #[cfg(feature = "tracing")]
-        let resource = &*multi::label(resources);
+        let resource = &*request::label(resources);
         let span = trace::span!("lock", resource, ?ttl);
         let counted = async {
             let started = Instant::now();
@@ -496,7 +496,7 @@ impl Redlock {
                 resource: lock.label().into_owned(),
             });
         }
-        let request = multi::extend_request(&self.inner.generation, lock, ttl.millis)
+        let request = request::extend_request(&self.inner.generation, lock, ttl.millis)
             .durable(self.inner.config.durability);
         let start = Instant::now();
         let Round { tally, in_flight } = round::round(
@@ -506,13 +506,13 @@ impl Redlock {
             Until::Decided,
             request,
             &lock.in_flight,
-            multi::read_extend(&self.inner.generation),
+            request::read_extend(&self.inner.generation),
         )
         .await;
         let in_flight = lock.in_flight.and(&in_flight);
         let outcome = tally.outcome();
         let mut healed = tally.healed.clone();
-        if self.inner.config.durability != crate::builder::Durability::Memory {
+        if self.inner.config.durability != crate::api::builder::Durability::Memory {
             // A node that healed the key and then did not confirm it (or
             // could not) is not in `healed`: its reply was the confirmation
             // error. Such nodes may hold a key set again by this extension.
@@ -643,7 +643,7 @@ impl Redlock {
     /// Cancel-safe: it only reads.
     pub async fn verify(&self, lock: &Lock) -> Result<bool, Error> {
         self.configured()?;
-        let request = multi::check_request(&self.inner.generation, lock);
+        let request = request::check_request(&self.inner.generation, lock);
         let Round { tally, .. } = round::round(
             &self.inner,
             None,
@@ -651,7 +651,7 @@ impl Redlock {
             Until::Decided,
             request,
             &lock.in_flight,
-            multi::read_check(&self.inner.generation),
+            request::read_check(&self.inner.generation),
         )
         .await;
         self.note(&tally);
@@ -740,7 +740,7 @@ impl Redlock {
     /// Validates the arguments of an acquisition.
     fn check(&self, resources: &[&str], ttl: Duration) -> Result<Ttl, Error> {
         self.configured()?;
-        multi::check_resources(resources)?;
+        request::check_resources(resources)?;
         self.ttl(ttl)
     }
 
@@ -814,18 +814,18 @@ impl Redlock {
         // confirmation, which has its own pipeline; there and for sets the
         // expiry stays unknown and the timed retry bounds the wait).
         let plain = inner.generation.guard.is_none()
-            && inner.config.durability == crate::builder::Durability::Memory;
+            && inner.config.durability == crate::api::builder::Durability::Memory;
         let (request, pipelined) = match (learn, keys.as_slice(), plain) {
             (Some(_), [key], true) => (wait::acquire_request(key, &token, ttl.millis), true),
             _ => (
-                multi::acquire_request(&inner.generation, &keys, &token, ttl.millis)
+                request::acquire_request(&inner.generation, &keys, &token, ttl.millis)
                     .durable(inner.config.durability),
                 false,
             ),
         };
         let unused = Pttls::default();
         let pttls = learn.unwrap_or(&unused);
-        let read_set = multi::read_acquire(&inner.generation, &token, keys.len() > 1);
+        let read_set = request::read_acquire(&inner.generation, &token, keys.len() > 1);
         let read = |value: &redis::Value| {
             if pipelined {
                 wait::read_acquire(pttls, &read_set)(value)
@@ -879,7 +879,7 @@ impl Redlock {
                 )
                 .await;
                 cleanup.disarm();
-                Err((failed.into_error(&multi::label(resources)), outcome))
+                Err((failed.into_error(&request::label(resources)), outcome))
             }
         }
     }

@@ -1,0 +1,5 @@
+//! The face.
+
+pub(crate) mod address;
+pub(crate) mod builder;
+pub(crate) mod guard;
