@@ -141,17 +141,18 @@ mod trace;
 pub use crate::api::address::NodeAddress;
 pub use crate::api::builder::{
     DEFAULT_CONNECT_TIMEOUT, DEFAULT_DRIFT_FACTOR, DEFAULT_NODE_TIMEOUT, DEFAULT_RENEW_CONCURRENCY,
-    DEFAULT_RETRY_COUNT, DEFAULT_RETRY_DELAY, DEFAULT_RETRY_JITTER, Durability, RedlockBuilder,
+    DEFAULT_RETRY_COUNT, DEFAULT_RETRY_DELAY, DEFAULT_RETRY_JITTER, RedlockBuilder,
 };
 pub use crate::api::guard::{LockGuard, LockWatch};
-pub use crate::engine::acquire::Redlock;
-pub use crate::engine::counters::Stats;
+pub use crate::api::redlock::Redlock;
+pub use crate::api::stats::Stats;
 pub use crate::engine::health::{Health, NodeHealth};
 pub use crate::engine::lock::Lock;
 #[cfg(feature = "tls")]
 pub use crate::engine::tls::TlsConfig;
+pub use crate::protocol::durability::Durability;
 pub use crate::protocol::error::{Error, LossReason, NodeError, NodeFailure};
-pub use crate::protocol::request::MAX_RESOURCES;
+pub use crate::protocol::keys::MAX_RESOURCES;
 pub use crate::protocol::timing::MAX_TTL;
 
 /// The README's examples, compiled as doctests so that they stay true.

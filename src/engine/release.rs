@@ -4,17 +4,20 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock, Weak};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use futures::future::join_all;
 use tokio::task::JoinHandle;
 
-use crate::engine::acquire::Inner;
+use crate::engine::Inner;
+use crate::engine::lock::Lock;
 use crate::engine::round::{self, InFlight, Until};
-use crate::protocol::request;
-use crate::protocol::scripts;
-use crate::protocol::tally::{Ask, Tally};
-use crate::trace;
+use crate::protocol::error::Error;
+use crate::protocol::quorum::Ask;
+use crate::protocol::request::unlock;
+use crate::protocol::tally::Tally;
+use crate::protocol::timing;
+use crate::trace::{self, InSpan};
 
 /// The most releases (locks) one node's retry queue keeps. Past it, or past
 /// [`MAX_QUEUED_KEYS_PER_NODE`], the lock whose keys expire first is
@@ -29,8 +32,6 @@ const BATCH: usize = 512;
 /// The most keys one retry sends to a node at once, over its locks (one lock
 /// goes alone when it has more).
 const BATCH_KEYS: usize = 1_024;
-/// The longest pause between two retries to a node.
-const MAX_PAUSE: Duration = Duration::from_secs(1);
 
 /// Sends the ownership-checked release to every node, each after that
 /// node's earlier requests on the lock (`after`) settled, and waits for all
@@ -67,7 +68,7 @@ pub(crate) async fn release_on(
 
 /// [`release_on`], publishing the release unless `quiet`: a failed attempt
 /// that never had a quorum, which no waiter took for a holder, is released
-/// quietly (see [`scripts::UNLOCK`]).
+/// quietly (see [`scripts::UNLOCK`](crate::protocol::scripts::UNLOCK)).
 pub(crate) async fn release_with(
     inner: &Arc<Inner>,
     only: Option<&[usize]>,
@@ -77,7 +78,7 @@ pub(crate) async fn release_with(
     after: &InFlight,
     quiet: bool,
 ) -> Tally {
-    let request = request::unlock_request(keys, token, quiet);
+    let request = unlock::request(keys, token, quiet);
     let round = round::round(
         inner,
         only,
@@ -85,7 +86,7 @@ pub(crate) async fn release_with(
         Until::AllNodes,
         request,
         after,
-        scripts::read_unlock,
+        unlock::read,
     )
     .await;
     if round.tally.highest == Some(2) {
@@ -104,12 +105,29 @@ pub(crate) async fn release_with(
     round.tally
 }
 
+impl Inner {
+    pub(crate) async fn unlock(self: &Arc<Self>, lock: &Lock) -> Result<usize, Error> {
+        let span = trace::span!("unlock", resource = %lock.label());
+        let tally = release_everywhere(
+            self,
+            &lock.key_list(),
+            &lock.token,
+            lock.key_expiry,
+            &lock.in_flight,
+        )
+        .in_span(span)
+        .await;
+        self.note(&tally);
+        tally.into_released(&lock.label())
+    }
+}
+
 /// The releases still owed to each node, and one worker task per node that
 /// retries them: however many locks are released while a node is down, the
 /// node gets one task and at most one batch of requests per pause.
 ///
 /// An owed release is one lock: its token and all its keys, released by the
-/// request that the release round sent ([`request::unlock_request`]). It is
+/// request that the release round sent ([`unlock::request`]). It is
 /// owed until the node answers it, or until its keys would have expired
 /// anyway, or until the manager (with all its clones) is dropped.
 ///
@@ -141,7 +159,7 @@ struct Owed {
     keys: Arc<[String]>,
     /// The instant its keys expire anyway.
     expiry: Instant,
-    /// Released without publishing (see [`scripts::UNLOCK`]).
+    /// Released without publishing (see [`scripts::UNLOCK`](crate::protocol::scripts::UNLOCK)).
     quiet: bool,
 }
 
@@ -356,7 +374,7 @@ async fn drain(mut worker: Worker) {
         let node_timeout = inner.config.node_timeout;
         let answers = join_all(batch.iter().map(|(token, keys, quiet)| {
             let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
-            let request = request::unlock_request(&keys, token, *quiet);
+            let request = unlock::request(&keys, token, *quiet);
             round::call(
                 node.clone(),
                 index,
@@ -386,7 +404,7 @@ async fn drain(mut worker: Worker) {
         pause = if answered > 0 {
             node_timeout
         } else {
-            (pause * 2).min(MAX_PAUSE)
+            timing::next_backoff(pause)
         };
     }
 }
