@@ -5,7 +5,7 @@
 //! reconnects after a break. See the [module docs](super) for the protocol.
 
 use std::collections::HashSet;
-use std::sync::Weak;
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
@@ -152,19 +152,8 @@ async fn serve(
     up: &mut bool,
 ) -> Ended {
     let (mut sink, mut stream) = pubsub.split();
-    let (wanted, node, id, lease) = match shared.upgrade() {
-        Some(s) => {
-            let mut state = s.lock();
-            // Every channel wanted now is subscribed below: the changes
-            // noted so far are covered.
-            let link = &mut state.links[index];
-            link.dirty.clear();
-            link.resync = false;
-            let wanted: Vec<Vec<u8>> = state.channels.keys().cloned().collect();
-            drop(state);
-            (wanted, s.nodes[index].clone(), s.id.clone(), s.lease)
-        }
-        None => return Ended::Closed,
+    let Some((wanted, node, id, lease)) = begin(shared, index) else {
+        return Ended::Closed;
     };
     // This manager's channels for the keys it is named the successor of
     // end in this.
@@ -206,103 +195,147 @@ async fn serve(
     let mut renew = tokio::time::interval_at((Instant::now() + lease / 3).into(), lease / 3);
     renew.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        tokio::select! {
+        let step = tokio::select! {
             message = stream.next() => {
                 let Some(message) = message else {
                     return Ended::Broken;
                 };
-                let Some(strong) = shared.upgrade() else {
-                    return Ended::Closed;
-                };
-                let Ok(mut channel) = message.get_channel::<Vec<u8>>() else {
-                    continue;
-                };
-                let named = channel.ends_with(&own_suffix);
-                if named {
-                    channel.truncate(channel.len() - own_suffix.len());
-                }
-                let orphan = deliver(&strong, &channel, message.get_payload_bytes(), named);
-                drop(strong);
-                if let Some(hash) = orphan {
-                    // Named, with no waiter left here: every manager is
-                    // told instead, on the key's channel.
-                    let _ = side.try_send(vec![register::publish(&channel, &hash)]);
-                }
+                on_message(shared, &message, &own_suffix, &side)
             }
             _ = renew.tick() => {
-                let cmds = session.owned.iter().map(|c| register::register(c, &id, lease)).collect();
+                let cmds = session
+                    .owned
+                    .iter()
+                    .map(|c| register::register(c, &id, lease))
+                    .collect();
                 let _ = side.try_send(cmds);
+                Ok(())
             }
             change = changes.recv() => {
                 if change.is_none() {
                     return Ended::Closed;
                 }
-                let Some(strong) = shared.upgrade() else {
-                    return Ended::Closed;
-                };
-                let (add, remove): (Vec<_>, Vec<_>) = {
-                    let mut state = strong.lock();
-                    let link = &mut state.links[index];
-                    let resync = std::mem::take(&mut link.resync);
-                    let mut batch = std::mem::take(&mut link.dirty);
-                    if resync {
-                        batch.extend(state.channels.keys().cloned());
-                        batch.extend(session.actual.iter().cloned());
-                    }
-                    // A channel wanted again before its unsubscription went
-                    // out is still subscribed here: confirm it to the new
-                    // waiters.
-                    let mut confirmed = false;
-                    for c in batch.iter().filter(|c| session.actual.contains(*c)) {
-                        if let Some(entry) = state.channels.get_mut(c) {
-                            confirmed |= !entry.subscribed[index];
-                            entry.subscribed[index] = true;
-                        }
-                    }
-                    let split = batch
-                        .into_iter()
-                        .filter(|c| state.channels.contains_key(c) != session.actual.contains(c))
-                        .partition(|c| state.channels.contains_key(c));
-                    drop(state);
-                    if confirmed {
-                        strong.changed.notify_waiters();
-                    }
-                    split
-                };
-                drop(strong);
-                for chunk in remove.chunks(BATCH) {
-                    // Out of the waiting hashes (sent first, not awaited): a
-                    // release that still names this manager once it is
-                    // unsubscribed reaches nobody there, drops the
-                    // registration and is published for every manager.
-                    let cmds = chunk
-                        .iter()
-                        .map(|c| register::unregister(c, &id))
-                        .collect();
-                    let _ = side.try_send(cmds);
-                    let mut names = chunk.to_vec();
-                    for c in chunk {
-                        if session.owned.remove(c) {
-                            names.push(keys::successor_channel(c, &id));
-                        }
-                    }
-                    let unsubscribed = bounded(async {
-                        sink.unsubscribe(names).await.map_err(|_| Ended::Broken)
-                    });
-                    if let Err(ended) = unsubscribed.await {
-                        return ended;
-                    }
-                    for c in chunk {
-                        session.actual.remove(c);
-                    }
-                }
-                let subscribed = subscribe(shared, index, &mut sink, &mut session, &side, add);
-                if let Err(ended) = subscribed.await {
-                    return ended;
-                }
+                on_changes(shared, index, &mut sink, &mut session, &side, &id).await
             }
+        };
+        if let Err(ended) = step {
+            return ended;
         }
     }
+}
+
+/// The start of a session: the channels wanted now (every one is
+/// subscribed by the session, so the changes noted so far are covered),
+/// the node, this manager's id and its registrations' lease. `None` when
+/// the manager is gone.
+fn begin(
+    shared: &Weak<Shared>,
+    index: usize,
+) -> Option<(Vec<Vec<u8>>, Arc<Node>, String, Duration)> {
+    let s = shared.upgrade()?;
+    let mut state = s.lock();
+    let link = &mut state.links[index];
+    link.dirty.clear();
+    link.resync = false;
+    let wanted: Vec<Vec<u8>> = state.channels.keys().cloned().collect();
+    drop(state);
+    Some((wanted, s.nodes[index].clone(), s.id.clone(), s.lease))
+}
+
+/// A release message on one of the session's channels: delivered to the
+/// registry; a release that named this manager with no waiter of its key
+/// left here is published again for every manager.
+fn on_message(
+    shared: &Weak<Shared>,
+    message: &redis::Msg,
+    own_suffix: &[u8],
+    side: &mpsc::Sender<Vec<redis::Cmd>>,
+) -> Result<(), Ended> {
+    let Some(strong) = shared.upgrade() else {
+        return Err(Ended::Closed);
+    };
+    let Ok(mut channel) = message.get_channel::<Vec<u8>>() else {
+        return Ok(());
+    };
+    let named = channel.ends_with(own_suffix);
+    if named {
+        channel.truncate(channel.len() - own_suffix.len());
+    }
+    let orphan = deliver(&strong, &channel, message.get_payload_bytes(), named);
+    drop(strong);
+    if let Some(hash) = orphan {
+        // Named, with no waiter left here: every manager is
+        // told instead, on the key's channel.
+        let _ = side.try_send(vec![register::publish(&channel, &hash)]);
+    }
+    Ok(())
+}
+
+/// The channels whose wanted state changed: confirms those still
+/// subscribed to their new waiters, unsubscribes those nobody wants (out
+/// of the waiting hashes first), and subscribes the new ones.
+async fn on_changes(
+    shared: &Weak<Shared>,
+    index: usize,
+    sink: &mut redis::aio::PubSubSink,
+    session: &mut Session,
+    side: &mpsc::Sender<Vec<redis::Cmd>>,
+    id: &str,
+) -> Result<(), Ended> {
+    let Some(strong) = shared.upgrade() else {
+        return Err(Ended::Closed);
+    };
+    let (add, remove): (Vec<_>, Vec<_>) = {
+        let mut state = strong.lock();
+        let link = &mut state.links[index];
+        let resync = std::mem::take(&mut link.resync);
+        let mut batch = std::mem::take(&mut link.dirty);
+        if resync {
+            batch.extend(state.channels.keys().cloned());
+            batch.extend(session.actual.iter().cloned());
+        }
+        // A channel wanted again before its unsubscription went
+        // out is still subscribed here: confirm it to the new
+        // waiters.
+        let mut confirmed = false;
+        for c in batch.iter().filter(|c| session.actual.contains(*c)) {
+            if let Some(entry) = state.channels.get_mut(c) {
+                confirmed |= !entry.subscribed[index];
+                entry.subscribed[index] = true;
+            }
+        }
+        let split = batch
+            .into_iter()
+            .filter(|c| state.channels.contains_key(c) != session.actual.contains(c))
+            .partition(|c| state.channels.contains_key(c));
+        drop(state);
+        if confirmed {
+            strong.changed.notify_waiters();
+        }
+        split
+    };
+    drop(strong);
+    for chunk in remove.chunks(BATCH) {
+        // Out of the waiting hashes (sent first, not awaited): a
+        // release that still names this manager once it is
+        // unsubscribed reaches nobody there, drops the
+        // registration and is published for every manager.
+        let cmds = chunk.iter().map(|c| register::unregister(c, id)).collect();
+        let _ = side.try_send(cmds);
+        let mut names = chunk.to_vec();
+        for c in chunk {
+            if session.owned.remove(c) {
+                names.push(keys::successor_channel(c, id));
+            }
+        }
+        let unsubscribed =
+            bounded(async { sink.unsubscribe(names).await.map_err(|_| Ended::Broken) });
+        unsubscribed.await?;
+        for c in chunk {
+            session.actual.remove(c);
+        }
+    }
+    subscribe(shared, index, sink, session, side, add).await
 }
 
 /// Sends `cmds` to the node on its ordinary connection in one pipeline,

@@ -98,6 +98,7 @@
 
 mod handoff;
 mod link;
+mod registration;
 mod registry;
 
 pub(crate) use handoff::check_handoff;
