@@ -152,7 +152,13 @@ async fn serve(
     up: &mut bool,
 ) -> Ended {
     let (mut sink, mut stream) = pubsub.split();
-    let Some((wanted, node, id, lease)) = begin(shared, index) else {
+    let Some(Begin {
+        wanted,
+        node,
+        id,
+        lease,
+    }) = begin(shared, index)
+    else {
         return Ended::Closed;
     };
     // This manager's channels for the keys it is named the successor of
@@ -228,10 +234,7 @@ async fn serve(
 /// subscribed by the session, so the changes noted so far are covered),
 /// the node, this manager's id and its registrations' lease. `None` when
 /// the manager is gone.
-fn begin(
-    shared: &Weak<Shared>,
-    index: usize,
-) -> Option<(Vec<Vec<u8>>, Arc<Node>, String, Duration)> {
+fn begin(shared: &Weak<Shared>, index: usize) -> Option<Begin> {
     let s = shared.upgrade()?;
     let mut state = s.lock();
     let link = &mut state.links[index];
@@ -239,7 +242,20 @@ fn begin(
     link.resync = false;
     let wanted: Vec<Vec<u8>> = state.channels.keys().cloned().collect();
     drop(state);
-    Some((wanted, s.nodes[index].clone(), s.id.clone(), s.lease))
+    Some(Begin {
+        wanted,
+        node: s.nodes[index].clone(),
+        id: s.id.clone(),
+        lease: s.lease,
+    })
+}
+
+/// What a session starts from; see [`begin`].
+struct Begin {
+    wanted: Vec<Vec<u8>>,
+    node: Arc<Node>,
+    id: String,
+    lease: Duration,
 }
 
 /// A release message on one of the session's channels: delivered to the
