@@ -66,14 +66,11 @@
 //!   Nodes that could not be reached are owed the release: one worker task
 //!   per node retries them in the background until the keys would have
 //!   expired ([`Redlock::pending_releases`] counts them).
-//! - Waiting: a release publishes on the key's release channel in the
-//!   unlock script; a refused attempt learns the holder's `PTTL` in the same
-//!   round, subscribes (one connection per node per manager), tries once
-//!   more, and sleeps until the release, the holder's expiry or the timed
-//!   retry, whichever is first. Within a manager one waiter is woken per
-//!   release, first come first served; across managers there is no order.
-//!   Where pub/sub is denied or broken, the timed retry (`retry_delay`,
-//!   `retry_jitter`) is the fallback.
+//! - Waiting: a refused attempt sleeps until the holder's release is
+//!   published, its keys expire, or the timed retry (`retry_delay`,
+//!   `retry_jitter`) is due, whichever is first; how releases are
+//!   published, who is woken and the releaser's hand-off check are in
+//!   `docs/waiting.md` at the top of the repository.
 //! - Scripts run by `EVALSHA`, loaded again when the node answers
 //!   `NOSCRIPT`.
 //!

@@ -47,44 +47,16 @@ end"#
     ))
 });
 
-/// The Lua helper of the unlock scripts: `released(key)` publishes on the
-/// key's [`release_channel`](crate::protocol::keys::release_channel) (`"\255"` is the byte `0xFF`) a message that
-/// names the release without giving the token away: the first 16 hex digits
-/// of the SHA-1 of the token (`ARGV[1]`). One release is published on every
-/// node that deleted the key, with the same message, so a subscriber on
-/// several nodes counts it once.
-///
-/// Where managers registered as waiting for the key ([`waiters_key`](crate::protocol::keys::waiters_key),
-/// [`REGISTER`]), the release goes to one of them only, the successor: of
-/// the live ids in byte order, the one the message's first 8 hex digits
-/// pick (modulo their number). It is published on that manager's own
-/// channel for the key ([`successor_channel`](crate::protocol::keys::successor_channel)), so the other managers do
-/// not even receive it. Every node with the same registrations names the
-/// same manager; the pick is uniform over the registered managers and
-/// changes with each token. Registrations past their deadline on the
-/// node's clock are removed.
-///
-/// A registration whose channel has no subscriber (`PUBLISH` returned 0)
-/// is removed too, and the next live one in that order is tried, at most
-/// 3 in all. That is a manager that died or lost its
-/// connection, or, most often, one that stopped waiting a moment ago: on a
-/// node that processes this release late, the successor that the other
-/// nodes named may already hold the lock and have left. When no try
-/// reaches anyone, or that `PUBLISH` fails (an ACL that allows the key's
-/// channel only), the release is published on the key's channel, for
-/// every manager; so it is when any other part fails (a user whose ACL
-/// denies `HGETALL`, `TIME` or `HDEL`).
-///
-/// Returns true when it named a successor (a `PUBLISH` on a manager's own
-/// channel reached a subscriber). A subscriber is not a taker: the
-/// manager's process may be stopped, or its waiters unable to use the
-/// release, so the releaser checks a moment later that the key was taken
-/// ([`HANDOFF_CHECK`]). For that check, a release that names a successor
-/// leaves its message in the key's hand-off marker (`K`, `0xFF`,
-/// `handoff`, 30 s), and one that finds registrations but names nobody
-/// deletes it: the check of an earlier release must not take a later
-/// release's free moment for its own. Releases with no registration (the
-/// uncontended path) touch neither.
+/// The Lua helper of the unlock scripts: `released(key)` publishes the
+/// release of `key`, with a message that names the release without giving
+/// the token away (the first 16 hex digits of the SHA-1 of the token,
+/// `ARGV[1]`: the same on every node), on the own channel of one live
+/// registered waiting manager, the successor (at most 3 tries; then it
+/// leaves the key's hand-off marker and returns true), or else on the
+/// key's release channel, for every manager. The names are those of
+/// [`keys`](crate::protocol::keys) (`"\255"` is the byte `0xFF`); the
+/// protocol, and the reason for each step, is described in
+/// `docs/waiting.md`.
 ///
 /// The message and the node's clock are read once per script run, at the
 /// first key that needs them: a release of many keys ([`UNLOCK_MANY`]) pays
