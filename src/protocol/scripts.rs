@@ -316,7 +316,7 @@ end"#;
 // There is no limit on the number of keys in Redis itself (a command may
 // have up to 2^31 − 1 arguments, and the scripts walk `KEYS` with a loop,
 // never `unpack`): the limit is time. A node runs the script in one go, so
-// the set must be written within the node timeout (see `multi`).
+// the set must be written within the node timeout (see `request` and `PER_KEY`).
 
 /// `KEYS` = the lock keys, `ARGV[1]` = token, `ARGV[2]` = ttl in
 /// milliseconds. When no key is held by another value, sets every key to the
