@@ -14,7 +14,7 @@ use crate::engine::Inner;
 use crate::engine::config::Config;
 use crate::engine::lock::new_token;
 use crate::engine::node::{Identities, Node, label};
-use crate::engine::release::Retries;
+use crate::engine::retries::Retries;
 use crate::protocol::durability::Durability;
 use crate::protocol::error::Error;
 use crate::protocol::generation::Generation;
@@ -367,7 +367,7 @@ impl RedlockBuilder {
         let renewals = tokio::sync::Semaphore::new(config.renew_concurrency);
         let retries = Retries::new(nodes.len());
         let stats = crate::engine::counters::Counters::new(nodes.len(), config.stats);
-        let waits = crate::engine::wait::Waits::new(nodes.clone(), LEASE);
+        let waits = crate::engine::wait::registry::Waits::new(nodes.clone(), LEASE);
         Ok(Redlock {
             inner: Arc::new(Inner {
                 nodes,

@@ -12,7 +12,7 @@ use crate::engine::counters::Ended;
 use crate::engine::lock::{Lock, new_token};
 use crate::engine::release::{Cleanup, release_with};
 use crate::engine::round::{self, InFlight, Round, Until};
-use crate::engine::wait::Registration;
+use crate::engine::wait::registration::Registration;
 use crate::protocol::durability::Durability;
 use crate::protocol::error::Error;
 use crate::protocol::keys;

@@ -4,7 +4,7 @@ use std::borrow::Cow;
 use std::fmt;
 use std::time::{Duration, Instant};
 
-use crate::engine::round::InFlight;
+use crate::engine::inflight::InFlight;
 use crate::protocol::error::Error;
 use crate::protocol::keys;
 

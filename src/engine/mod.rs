@@ -22,8 +22,8 @@ use std::time::Duration;
 use crate::engine::config::Config;
 use crate::engine::counters::Counters;
 use crate::engine::node::Node;
-use crate::engine::release::Retries;
-use crate::engine::wait::Waits;
+use crate::engine::retries::Retries;
+use crate::engine::wait::registry::Waits;
 use crate::protocol::error::{Error, NodeError};
 use crate::protocol::generation::Generation;
 use crate::protocol::keys;
@@ -41,6 +41,7 @@ pub(crate) mod inflight;
 pub(crate) mod lock;
 pub(crate) mod node;
 pub(crate) mod release;
+pub(crate) mod retries;
 pub(crate) mod round;
 #[cfg(feature = "tls")]
 pub(crate) mod tls;

@@ -12,7 +12,7 @@ use futures::StreamExt;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
-use super::registry::{Shared, Status, deliver, set_status, wake_all};
+use super::state::{Shared, Status, deliver, set_status, wake_all};
 use crate::engine::node::Node;
 use crate::protocol::keys;
 use crate::protocol::request::register;

@@ -16,19 +16,18 @@
 //!   ([`acquire::waiting_request`](crate::protocol::request::acquire::waiting_request))
 //!   and [`holder_expiry`](crate::protocol::timing::holder_expiry);
 //! - the waiters of a manager, one queue per release channel, and who a
-//!   release message wakes: [`registry`] ([`Waits`], `deliver`);
+//!   release message wakes: [`registry`] ([`Waits`](registry::Waits)) and
+//!   [`state`] (the shared state, `deliver`);
 //! - one waiter's place, its sleep, and a wake-up passed on:
-//!   [`registration`] ([`Registration`]);
+//!   [`registration`] ([`Registration`](registration::Registration));
 //! - one subscription connection per node per manager, its bounds, and the
 //!   manager's registrations with their [`LEASE`](crate::protocol::timing::LEASE):
 //!   [`link`] (the requests in
 //!   [`request::register`](crate::protocol::request::register));
-//! - the releaser's hand-off check: [`handoff`] ([`check_handoff`]).
+//! - the releaser's hand-off check: [`handoff`] ([`check_handoff`](handoff::check_handoff)).
 
-mod handoff;
+pub(crate) mod handoff;
 mod link;
-mod registration;
-mod registry;
-
-pub(crate) use handoff::check_handoff;
-pub(crate) use registry::{Registration, Waits};
+pub(crate) mod registration;
+pub(crate) mod registry;
+mod state;

@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use tokio::sync::Notify;
 
-use super::registry::{Shared, State, Status};
+use super::state::{Shared, State, Status};
 use crate::protocol::quorum::quorum;
 
 /// One waiter's place in the queues of its keys. Leaves them when dropped.
