@@ -7,6 +7,8 @@
 # - src/engine/ never imports the face: no crate::api, and none of the
 #   face's types through the crate root (crate::Redlock, RedlockBuilder,
 #   LockGuard, LockWatch, Stats);
+# - no import circle between the library's files, but for the builder and
+#   the face (api/builder.rs and api/redlock.rs import each other);
 # - no library file in src/ (src/bin/ aside) is over 550 lines.
 #
 # Comment lines (`//`, `///`, `//!`) are skipped: a doc link may point
@@ -59,6 +61,73 @@ report "protocol uses tokio or a redis connection type:" \
 report "engine imports the face (api):" \
   "$(offending 'crate::[ ]*api([^A-Za-z_]|$)|crate::(Redlock|RedlockBuilder|LockGuard|LockWatch|Stats)([^A-Za-z_]|$)' "${engine[@]}")"
 
+# The import graph of the library's modules (crate::, super:: and a
+# mod.rs's relative `use child::`), and any circle in it.
+cycles="$(find src -name '*.rs' -not -path 'src/bin/*' | sort | awk '
+  function module(file,   m) {
+    m = file
+    sub(/^src\//, "", m); sub(/\.rs$/, "", m); sub(/\/mod$/, "", m)
+    gsub(/\//, "::", m)
+    return m
+  }
+  function resolve(path,   n, parts, k, c, j) {
+    n = split(path, parts, "::")
+    for (k = n; k >= 1; k--) {
+      c = parts[1]
+      for (j = 2; j <= k; j++) c = c "::" parts[j]
+      if (c in known) return c
+    }
+    return ""
+  }
+  function edge(from, path,   to) {
+    to = resolve(path)
+    if (to != "" && to != from && !((from, to) in seen)) {
+      seen[from, to] = 1
+      adj[from] = adj[from] " " to
+    }
+  }
+  function dfs(v, trail,   list, n, i, w) {
+    color[v] = 1
+    n = split(adj[v], list, " ")
+    for (i = 1; i <= n; i++) {
+      w = list[i]
+      if (color[w] == 1) { print "circle: " trail " -> " w; found = 1 }
+      else if (color[w] == 0) dfs(w, trail " -> " w)
+    }
+    color[v] = 2
+  }
+  { files[++count] = $0; known[module($0)] = 1 }
+  END {
+    for (f = 1; f <= count; f++) {
+      file = files[f]; m = module(file)
+      ismod = (file ~ /\/mod\.rs$/ || file == "src/lib.rs")
+      parent = m; if (!ismod) sub(/(::)?[a-z_0-9]+$/, "", parent)
+      while ((getline line < file) > 0) {
+        code = line
+        if (code ~ /^[ \t]*\/\//) continue
+        sub(/\/\/.*$/, "", code)
+        rest = code
+        while (match(rest, /crate::[a-z_0-9:]*[a-z_0-9]/)) {
+          edge(m, substr(rest, RSTART + 7, RLENGTH - 7)); rest = substr(rest, RSTART + RLENGTH)
+        }
+        rest = code
+        while (!ismod && match(rest, /super::[a-z_0-9:]*[a-z_0-9]/)) {
+          edge(m, (parent == "" ? "" : parent "::") substr(rest, RSTART + 7, RLENGTH - 7)); rest = substr(rest, RSTART + RLENGTH)
+        }
+        if (ismod && match(code, /^[ \t]*(pub(\(crate\))? )?use [a-z_0-9]+::/) && code !~ /use (crate|super|self|std|core|alloc|redis|tokio|futures|rand|thiserror|tracing|metrics|rustls)::/) {
+          sub(/^[ \t]*(pub(\(crate\))? )?use /, "", code)
+          if (m != "lib") edge(m, m "::" code)
+        }
+      }
+      close(file)
+    }
+    # The one circle allowed: the builder and the face.
+    sub(/ api::redlock/, "", adj["api::builder"])
+    for (v in known) if (color[v] == 0 && v != "lib") dfs(v, v)
+  }
+')"
+report "import circles between library files:" "$cycles"
+
 long="$(find src -name '*.rs' -not -path 'src/bin/*' -print0 | xargs -0 wc -l |
   awk -v max="$max_lines" '$2 != "total" && $1 > max { printf "%s: %d lines\n", $2, $1 }')"
 report "library files over $max_lines lines:" "$long"
@@ -67,6 +136,6 @@ if [ "$status" -eq 0 ]; then
   files="$(find src -name '*.rs' -not -path 'src/bin/*' | wc -l)"
   longest="$(find src -name '*.rs' -not -path 'src/bin/*' -print0 | xargs -0 wc -l |
     awk '$2 != "total" && $1 > n { n = $1; f = $2 } END { printf "%s (%d lines)", f, n }')"
-  echo "layers ok: protocol pure, engine below the face; $files library files, the longest $longest"
+  echo "layers ok: protocol pure, engine below the face, no import circle but builder and face; $files library files, the longest $longest"
 fi
 exit "$status"
