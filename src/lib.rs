@@ -66,14 +66,11 @@
 //!   Nodes that could not be reached are owed the release: one worker task
 //!   per node retries them in the background until the keys would have
 //!   expired ([`Redlock::pending_releases`] counts them).
-//! - Waiting: a release publishes on the key's release channel in the
-//!   unlock script; a refused attempt learns the holder's `PTTL` in the same
-//!   round, subscribes (one connection per node per manager), tries once
-//!   more, and sleeps until the release, the holder's expiry or the timed
-//!   retry, whichever is first. Within a manager one waiter is woken per
-//!   release, first come first served; across managers there is no order.
-//!   Where pub/sub is denied or broken, the timed retry (`retry_delay`,
-//!   `retry_jitter`) is the fallback.
+//! - Waiting: a refused attempt sleeps until the holder's release is
+//!   published, its keys expire, or the timed retry (`retry_delay`,
+//!   `retry_jitter`) is due, whichever is first; how releases are
+//!   published, who is woken and the releaser's hand-off check are in
+//!   `docs/waiting.md` at the top of the repository.
 //! - Scripts run by `EVALSHA`, loaded again when the node answers
 //!   `NOSCRIPT`.
 //!
@@ -133,44 +130,27 @@
 //! The map of the modules and of the main flows is in `ARCHITECTURE.md` at
 //! the top of the repository.
 
-mod address;
-mod builder;
-mod error;
-mod fence;
-mod generation;
-mod guard;
-mod health;
-mod lock;
-mod multi;
-mod node;
-mod redlock;
-mod release;
-mod round;
-mod scripts;
-mod stats;
-mod tally;
-mod timing;
-#[cfg(feature = "tls")]
-mod tls;
+mod api;
+mod engine;
+mod protocol;
 mod trace;
-mod wait;
-mod watchdog;
 
-pub use crate::address::NodeAddress;
-pub use crate::builder::{
+pub use crate::api::address::NodeAddress;
+pub use crate::api::builder::{
     DEFAULT_CONNECT_TIMEOUT, DEFAULT_DRIFT_FACTOR, DEFAULT_NODE_TIMEOUT, DEFAULT_RENEW_CONCURRENCY,
-    DEFAULT_RETRY_COUNT, DEFAULT_RETRY_DELAY, DEFAULT_RETRY_JITTER, Durability, RedlockBuilder,
+    DEFAULT_RETRY_COUNT, DEFAULT_RETRY_DELAY, DEFAULT_RETRY_JITTER, RedlockBuilder,
 };
-pub use crate::error::{Error, LossReason, NodeError, NodeFailure};
-pub use crate::guard::{LockGuard, LockWatch};
-pub use crate::health::{Health, NodeHealth};
-pub use crate::lock::Lock;
-pub use crate::multi::MAX_RESOURCES;
-pub use crate::redlock::Redlock;
-pub use crate::stats::Stats;
-pub use crate::timing::MAX_TTL;
+pub use crate::api::guard::{LockGuard, LockWatch};
+pub use crate::api::redlock::Redlock;
+pub use crate::api::stats::Stats;
+pub use crate::engine::health::{Health, NodeHealth};
+pub use crate::engine::lock::Lock;
 #[cfg(feature = "tls")]
-pub use crate::tls::TlsConfig;
+pub use crate::engine::tls::TlsConfig;
+pub use crate::protocol::durability::Durability;
+pub use crate::protocol::error::{Error, LossReason, NodeError, NodeFailure};
+pub use crate::protocol::keys::MAX_RESOURCES;
+pub use crate::protocol::timing::MAX_TTL;
 
 /// The README's examples, compiled as doctests so that they stay true.
 #[cfg(doctest)]

@@ -8,146 +8,21 @@
 //! `EVALSHA` and, when the node answers `NOSCRIPT` (a restarted node,
 //! `SCRIPT FLUSH`), loaded and retried once.
 //!
-//! # Key layout
-//! - The lock key is the manager's key prefix followed by the resource name,
-//!   as in the other Redlock clients, so that a mixed fleet excludes each
-//!   other on the same keys.
-//! - The fencing counter is one key per node for every resource: the
-//!   manager's key prefix, then the byte `0xFF`, then `counter`
-//!   ([`fence_key`]). Resource names and prefixes are UTF-8, and `0xFF`
-//!   never occurs in UTF-8, so no lock key can ever equal it. It holds
-//!   `<number>:<generation>` (trusted in that generation of the node) or a
-//!   bare `<number>` (untrusted; see [`generation`]).
-//! - Versions before it kept one counter per lock key `K`: `K`, then `0xFF`,
-//!   then `fence` ([`legacy_fence_key`]). The fencing read takes such a key
-//!   as a floor where it is still there, and the write deletes it once the
-//!   node's counter holds as much.
-//! - The release channel of a lock key `K` (pub/sub, a namespace apart from
-//!   keys) is `K`, then `0xFF`, then `released` ([`release_channel`]): no
-//!   channel named by a UTF-8 string can equal it.
-//! - The managers waiting for a lock key `K` are a hash named `K`, `0xFF`,
-//!   `waiters` ([`waiters_key`]), which the release reads to name a
-//!   successor.
-//! - The last release of `K` that named a successor leaves its message in
-//!   `K`, `0xFF`, `handoff` for 30 s, for the releaser's hand-off check
-//!   ([`HANDOFF_CHECK`]).
-//! - The generation marker of a node is the key prefix, then `0xFF`, then
-//!   `generation`: no lock key either, and no counter key (the counter ends
-//!   in `counter`, an older counter key in `fence`).
+//! The key and channel names they use are in [`keys`](crate::protocol::keys).
 
 use std::sync::LazyLock;
 
-use redis::{Script, Value};
+use redis::Script;
 
-use crate::generation;
-use crate::tally::Reply;
-
-/// The byte that separates a lock key from the name of a key that belongs to
-/// it: never part of a UTF-8 string, so never part of a lock key.
-const SEPARATOR: u8 = 0xFF;
-
-/// The fencing counter key of a manager's key prefix, one per node for
-/// every resource; see the module docs.
-pub(crate) fn fence_key(prefix: &str) -> Vec<u8> {
-    let mut key = Vec::with_capacity(prefix.len() + 8);
-    key.extend_from_slice(prefix.as_bytes());
-    key.push(SEPARATOR);
-    key.extend_from_slice(b"counter");
-    key
-}
-
-/// The per-resource fencing counter key of versions before the shared
-/// counter, for a lock key; read as a floor, deleted once covered.
-pub(crate) fn legacy_fence_key(lock_key: &str) -> Vec<u8> {
-    let mut key = Vec::with_capacity(lock_key.len() + 6);
-    key.extend_from_slice(lock_key.as_bytes());
-    key.push(SEPARATOR);
-    key.extend_from_slice(b"fence");
-    key
-}
-
-/// Reads the reply of `SET key token NX PX ttl GET`: nil where it set the
-/// key; the value already there where it did not. Our own token there (a
-/// request sent again after its connection broke) is agreement.
-pub(crate) fn read_set(token: &str) -> impl Fn(&Value) -> Result<Reply, String> + '_ {
-    move |value| match value {
-        Value::Nil => Ok(Reply::Agreed(None)),
-        Value::BulkString(held) if held.as_slice() == token.as_bytes() => Ok(Reply::Agreed(None)),
-        Value::BulkString(held) => Ok(Reply::Refused {
-            holder: Some(held.clone()),
-        }),
-        other => Err(format!("{other:?}")),
-    }
-}
-
-/// Reads the reply of the unlock, fence-write and check scripts: 1 agreed,
-/// 0 not ours.
-pub(crate) fn read_flag(value: &Value) -> Result<Reply, String> {
-    match value {
-        Value::Int(1) => Ok(Reply::Agreed(None)),
-        Value::Int(0) => Ok(Reply::Refused { holder: None }),
-        other => Err(format!("{other:?}")),
-    }
-}
-
-/// Reads the reply of the extend script: 1 extended, 2 set again where it
-/// was missing, 0 not ours.
-pub(crate) fn read_extend(value: &Value) -> Result<Reply, String> {
-    match value {
-        Value::Int(2) => Ok(Reply::Healed),
-        other => read_flag(other),
-    }
-}
-
-/// Reads the body's reply of the fencing read: `{counter, trusted, ours,
-/// generation}` (the generation is read by [`fence_generation`]).
-pub(crate) fn read_fence(value: &Value) -> Result<Reply, String> {
-    match value {
-        Value::Array(parts) => match parts.as_slice() {
-            [
-                Value::Int(n),
-                Value::Int(t @ (0 | 1)),
-                Value::Int(ours @ (0 | 1)),
-                Value::BulkString(_),
-            ] if *n >= 0 => {
-                let trusted = *t == 1;
-                Ok(match (*ours == 1, trusted) {
-                    (true, true) => Reply::Agreed(Some(*n)),
-                    (true, false) => Reply::Untrusted(*n),
-                    (false, _) => Reply::Foreign {
-                        number: *n,
-                        trusted,
-                    },
-                })
-            }
-            _ => Err(format!("{value:?}")),
-        },
-        other => Err(format!("{other:?}")),
-    }
-}
-
-/// The node's generation and the marker's age in milliseconds from a whole
-/// fencing read reply (`{body, age}`, see [`generation::with_marker`]).
-pub(crate) fn fence_generation(value: &Value) -> Option<(Vec<u8>, i64)> {
-    let Value::Array(parts) = value else {
-        return None;
-    };
-    let [Value::Array(body), Value::Int(age)] = parts.as_slice() else {
-        return None;
-    };
-    match body.as_slice() {
-        [_, _, _, Value::BulkString(generation)] => Some((generation.clone(), *age)),
-        _ => None,
-    }
-}
+use crate::protocol::generation;
 
 /// `KEYS[1]` = key, `ARGV[1]` = token, `ARGV[2]` = `quiet` or absent.
 /// Deletes the key only when it holds the token, and then, in the same
-/// script, publishes the release on the key's [`release_channel`] (see
+/// script, publishes the release on the key's [`release_channel`](crate::protocol::keys::release_channel) (see
 /// [`RELEASED`] for the message) unless `ARGV[2]` is `quiet`. Returns 1 when
 /// it deleted, 2 when it deleted and named a successor (the releaser then
 /// checks the hand-off, [`HANDOFF_CHECK`]), 0 otherwise; read by
-/// [`read_unlock`].
+/// [`unlock::read`](crate::protocol::request::unlock::read).
 ///
 /// `quiet` is for the release of a failed attempt that never had a quorum:
 /// no waiter saw it as a holder, and waking waiters for it would only start
@@ -172,61 +47,16 @@ end"#
     ))
 });
 
-/// The bytes after a lock key in the name of its release channel.
-const CHANNEL_SUFFIX: &[u8] = b"released";
-
-/// The channel on which the release of lock key `K` is published: `K`,
-/// then the byte `0xFF`, then `released`. Channels are a namespace apart
-/// from keys; within it, no channel name that is UTF-8 (any other client's
-/// channel named by a string) can equal it, because `0xFF` never occurs in
-/// UTF-8. A single standalone node understands it: plain `PUBLISH` and
-/// `SUBSCRIBE`, no hash slots.
-pub(crate) fn release_channel(lock_key: &str) -> Vec<u8> {
-    let mut channel = Vec::with_capacity(lock_key.len() + 1 + CHANNEL_SUFFIX.len());
-    channel.extend_from_slice(lock_key.as_bytes());
-    channel.push(SEPARATOR);
-    channel.extend_from_slice(CHANNEL_SUFFIX);
-    channel
-}
-
-/// The Lua helper of the unlock scripts: `released(key)` publishes on the
-/// key's [`release_channel`] (`"\255"` is the byte `0xFF`) a message that
-/// names the release without giving the token away: the first 16 hex digits
-/// of the SHA-1 of the token (`ARGV[1]`). One release is published on every
-/// node that deleted the key, with the same message, so a subscriber on
-/// several nodes counts it once.
-///
-/// Where managers registered as waiting for the key ([`waiters_key`],
-/// [`REGISTER`]), the release goes to one of them only, the successor: of
-/// the live ids in byte order, the one the message's first 8 hex digits
-/// pick (modulo their number). It is published on that manager's own
-/// channel for the key ([`successor_channel`]), so the other managers do
-/// not even receive it. Every node with the same registrations names the
-/// same manager; the pick is uniform over the registered managers and
-/// changes with each token. Registrations past their deadline on the
-/// node's clock are removed.
-///
-/// A registration whose channel has no subscriber (`PUBLISH` returned 0)
-/// is removed too, and the next live one in that order is tried, at most
-/// 3 in all. That is a manager that died or lost its
-/// connection, or, most often, one that stopped waiting a moment ago: on a
-/// node that processes this release late, the successor that the other
-/// nodes named may already hold the lock and have left. When no try
-/// reaches anyone, or that `PUBLISH` fails (an ACL that allows the key's
-/// channel only), the release is published on the key's channel, for
-/// every manager; so it is when any other part fails (a user whose ACL
-/// denies `HGETALL`, `TIME` or `HDEL`).
-///
-/// Returns true when it named a successor (a `PUBLISH` on a manager's own
-/// channel reached a subscriber). A subscriber is not a taker: the
-/// manager's process may be stopped, or its waiters unable to use the
-/// release, so the releaser checks a moment later that the key was taken
-/// ([`HANDOFF_CHECK`]). For that check, a release that names a successor
-/// leaves its message in the key's hand-off marker (`K`, `0xFF`,
-/// `handoff`, 30 s), and one that finds registrations but names nobody
-/// deletes it: the check of an earlier release must not take a later
-/// release's free moment for its own. Releases with no registration (the
-/// uncontended path) touch neither.
+/// The Lua helper of the unlock scripts: `released(key)` publishes the
+/// release of `key`, with a message that names the release without giving
+/// the token away (the first 16 hex digits of the SHA-1 of the token,
+/// `ARGV[1]`: the same on every node), on the own channel of one live
+/// registered waiting manager, the successor (at most 3 tries; then it
+/// leaves the key's hand-off marker and returns true), or else on the
+/// key's release channel, for every manager. The names are those of
+/// [`keys`](crate::protocol::keys) (`"\255"` is the byte `0xFF`); the
+/// protocol, and the reason for each step, is described in
+/// `docs/waiting.md`.
 ///
 /// The message and the node's clock are read once per script run, at the
 /// first key that needs them: a release of many keys ([`UNLOCK_MANY`]) pays
@@ -279,55 +109,13 @@ local function released(key)
     return false
 end"#;
 
-/// The bytes after a lock key in the name of its waiting managers' hash.
-const WAITERS_SUFFIX: &[u8] = b"waiters";
-
-/// The hash of the managers waiting for lock key `K`: `K`, then `0xFF`, then
-/// `waiters`. Fields are manager ids; values the registration's deadline in
-/// milliseconds on the node's clock.
-pub(crate) fn waiters_key(lock_key: &[u8]) -> Vec<u8> {
-    let mut key = Vec::with_capacity(lock_key.len() + 1 + WAITERS_SUFFIX.len());
-    key.extend_from_slice(lock_key);
-    key.push(SEPARATOR);
-    key.extend_from_slice(WAITERS_SUFFIX);
-    key
-}
-
-/// The channel on which the releases of a lock key go to the manager `id`
-/// when a release names it as the successor: the key's [`release_channel`],
-/// then `0xFF`, then the id.
-pub(crate) fn successor_channel(release_channel: &[u8], id: &str) -> Vec<u8> {
-    let mut channel = Vec::with_capacity(release_channel.len() + 1 + id.len());
-    channel.extend_from_slice(release_channel);
-    channel.push(SEPARATOR);
-    channel.extend_from_slice(id.as_bytes());
-    channel
-}
-
-/// The lock key of a [`release_channel`].
-pub(crate) fn channel_lock_key(channel: &[u8]) -> &[u8] {
-    channel
-        .strip_suffix(CHANNEL_SUFFIX)
-        .and_then(|c| c.strip_suffix(&[SEPARATOR]))
-        .unwrap_or(channel)
-}
-
-/// Reads the reply of [`UNLOCK`] and [`UNLOCK_MANY`]: 1 released, 2
-/// released and a successor named (`Agreed(Some(2))`), 0 not ours.
-pub(crate) fn read_unlock(value: &Value) -> Result<Reply, String> {
-    match value {
-        Value::Int(2) => Ok(Reply::Agreed(Some(2))),
-        other => read_flag(other),
-    }
-}
-
 /// `KEYS` = the lock keys of a release, `ARGV[1]` = its token. Sent by the
-/// releaser, [`wait::HANDOFF_CHECK`](crate::wait::HANDOFF_CHECK) after a
+/// releaser, [`wait::HANDOFF_CHECK`](crate::protocol::timing::HANDOFF_CHECK) after a
 /// release that named a successor ([`UNLOCK`] returned 2), to each node
 /// that released: for each key that is still free, and whose last
 /// contended release is still this one (its hand-off marker, see
 /// [`RELEASED`], holds this release's message), publishes the release
-/// again, with the same message, on the key's [`release_channel`], for
+/// again, with the same message, on the key's [`release_channel`](crate::protocol::keys::release_channel), for
 /// every manager, and drops the marker. A successor that took the lock left
 /// the key held, and a later release replaced or dropped the marker: then
 /// nothing is sent. Returns how many keys it published.
@@ -347,7 +135,7 @@ return published"#,
     )
 });
 
-/// `KEYS[1]` = a [`waiters_key`], `ARGV[1]` = manager id, `ARGV[2]` = lease
+/// `KEYS[1]` = a [`waiters_key`](crate::protocol::keys::waiters_key), `ARGV[1]` = manager id, `ARGV[2]` = lease
 /// in milliseconds. Registers the manager as waiting until the node's
 /// clock plus the lease, and keeps the hash that long (every manager
 /// registers with the same lease and renews it). Returns 1.
@@ -383,7 +171,7 @@ pub(crate) static EXTEND_MARKED: LazyLock<Script> =
 
 /// `KEYS[1]` = key, `ARGV[1]` = token, `ARGV[2]` = ttl in milliseconds:
 /// `SET key token NX PX ttl GET` with the generation marker (restart guard
-/// on); the body's reply is that of the `SET`, read by [`read_set`].
+/// on); the body's reply is that of the `SET`, read by [`acquire::read_set`](crate::protocol::request::acquire::read_set).
 pub(crate) static SET_MARKED: LazyLock<Script> = LazyLock::new(|| {
     generation::with_marker(
         r#"return redis.call("set", KEYS[1], ARGV[1], "NX", "PX", ARGV[2], "GET")"#,
@@ -405,8 +193,8 @@ pub(crate) static CHECK_MARKED: LazyLock<Script> =
     LazyLock::new(|| generation::with_marker(CHECK_BODY));
 
 /// `KEYS` = the lock keys of a lock (one or more), then their
-/// [`legacy_fence_key`]s in the same order, then the node's counter
-/// ([`fence_key`]); `ARGV[1]` = token; with the generation marker. Returns
+/// [`legacy_fence_key`](crate::protocol::keys::legacy_fence_key)s in the same order, then the node's counter
+/// ([`fence_key`](crate::protocol::keys::fence_key)); `ARGV[1]` = token; with the generation marker. Returns
 /// `{counter, trusted, ours, generation}`: the larger of the counter's
 /// number and the legacy counters' (0 if all are missing); 1 when the
 /// counter is trusted, i.e. written in the node's current generation and
@@ -520,20 +308,6 @@ local function raise(key, text, permitted)
     return number
 end"#;
 
-/// Reads the reply of [`ACQUIRE_MANY`]: 1 where it set every key; the value
-/// of the first key held by another token where it set none. Our own token
-/// there (the script sent again after its connection broke) cannot come
-/// back: the script treats our keys as free.
-pub(crate) fn read_acquire_many(token: &str) -> impl Fn(&Value) -> Result<Reply, String> + '_ {
-    move |value| match value {
-        Value::Int(1) => Ok(Reply::Agreed(None)),
-        Value::BulkString(held) if held.as_slice() != token.as_bytes() => Ok(Reply::Refused {
-            holder: Some(held.clone()),
-        }),
-        other => Err(format!("{other:?}")),
-    }
-}
-
 // The scripts of a lock on several resources. Each takes every lock key of
 // the set as `KEYS`, so one script call per node acts on the whole set
 // atomically; on one key each does what its single-key counterpart above
@@ -542,7 +316,7 @@ pub(crate) fn read_acquire_many(token: &str) -> impl Fn(&Value) -> Result<Reply,
 // There is no limit on the number of keys in Redis itself (a command may
 // have up to 2^31 − 1 arguments, and the scripts walk `KEYS` with a loop,
 // never `unpack`): the limit is time. A node runs the script in one go, so
-// the set must be written within the node timeout (see `multi`).
+// the set must be written within the node timeout (see `request` and `PER_KEY`).
 
 /// `KEYS` = the lock keys, `ARGV[1]` = token, `ARGV[2]` = ttl in
 /// milliseconds. When no key is held by another value, sets every key to the
@@ -641,82 +415,3 @@ pub(crate) static CHECK_MANY_MARKED: LazyLock<Script> =
 
 // The fencing scripts above take any number of lock keys: a lock on
 // several resources uses them too (there are no `FENCE_*_MANY` scripts).
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn replies_are_read_strictly() {
-        let read = read_set("mine");
-        assert_eq!(read(&Value::Nil), Ok(Reply::Agreed(None)));
-        assert_eq!(
-            read(&Value::BulkString(b"mine".to_vec())),
-            Ok(Reply::Agreed(None))
-        );
-        assert_eq!(
-            read(&Value::BulkString(b"theirs".to_vec())),
-            Ok(Reply::Refused {
-                holder: Some(b"theirs".to_vec())
-            })
-        );
-        assert!(read(&Value::Okay).is_err());
-        assert_eq!(read_flag(&Value::Int(1)), Ok(Reply::Agreed(None)));
-        assert_eq!(
-            read_flag(&Value::Int(0)),
-            Ok(Reply::Refused { holder: None })
-        );
-        assert!(read_flag(&Value::Int(2)).is_err());
-        assert!(read_flag(&Value::Nil).is_err());
-        assert_eq!(read_extend(&Value::Int(2)), Ok(Reply::Healed));
-        let read = |n, t, o| {
-            read_fence(&Value::Array(vec![
-                Value::Int(n),
-                Value::Int(t),
-                Value::Int(o),
-                Value::BulkString(b"17:g".to_vec()),
-            ]))
-        };
-        assert_eq!(
-            fence_generation(&Value::Array(vec![
-                Value::Array(vec![
-                    Value::Int(7),
-                    Value::Int(0),
-                    Value::Int(1),
-                    Value::BulkString(b"17:g".to_vec()),
-                ]),
-                Value::Int(9000),
-            ])),
-            Some((b"17:g".to_vec(), 9000))
-        );
-        assert_eq!(fence_generation(&Value::Int(7)), None);
-        assert_eq!(read(7, 1, 1), Ok(Reply::Agreed(Some(7))));
-        assert_eq!(read(7, 0, 1), Ok(Reply::Untrusted(7)));
-        assert_eq!(
-            read(7, 0, 0),
-            Ok(Reply::Foreign {
-                number: 7,
-                trusted: false
-            })
-        );
-        assert!(read(-3, 1, 1).is_err());
-        assert!(read(3, 2, 1).is_err());
-        assert!(read_fence(&Value::Int(7)).is_err());
-        assert!(read_fence(&Value::Int(-1)).is_err());
-    }
-
-    #[test]
-    fn no_lock_key_is_a_fence_key() {
-        let fence = legacy_fence_key("stock:42");
-        assert!(fence.starts_with(b"stock:42"));
-        assert!(std::str::from_utf8(&fence).is_err(), "never valid UTF-8");
-        assert_ne!(fence, b"stock:42:fence");
-        // One counter per prefix, never an older per-resource counter (of
-        // any prefix and resource: those end in `fence`) nor a marker.
-        let counter = fence_key("locks:");
-        assert!(counter.starts_with(b"locks:"));
-        assert!(std::str::from_utf8(&counter).is_err());
-        assert!(!counter.ends_with(b"\xFFfence"));
-        assert_ne!(counter, generation::marker_key("locks:"));
-    }
-}

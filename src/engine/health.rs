@@ -1,10 +1,11 @@
 //! A per-node health report for a readiness endpoint: `Redlock::health`.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::error::NodeError;
-use crate::redlock::Redlock;
-use crate::tally::quorum;
+use crate::engine::Inner;
+use crate::protocol::error::NodeError;
+use crate::protocol::quorum::quorum;
 
 /// One node's part of a [`Health`] report.
 #[derive(Debug, Clone)]
@@ -35,7 +36,7 @@ impl NodeHealth {
     }
 }
 
-/// What [`Redlock::health`] found: each node, whether a quorum is
+/// What [`Redlock::health`](crate::Redlock::health) found: each node, whether a quorum is
 /// reachable, and the warnings a deployment should act on.
 #[derive(Debug, Clone)]
 #[non_exhaustive]
@@ -51,18 +52,9 @@ pub struct Health {
     pub warnings: Vec<String>,
 }
 
-impl Redlock {
-    /// Asks every node at once (each bounded by the connect and node
-    /// timeouts) for its version, `run_id`, role and persistence, and
-    /// reports them with the round trip, whether a quorum is reachable, and
-    /// warnings: a node that is a replica (replication is not a quorum), a
-    /// node without AOF persistence (it forgets its locks on restart), an
-    /// even node count. What a service exposes on its readiness endpoint.
-    ///
-    /// # Cancel safety
-    /// Cancel-safe: it only reads.
-    pub async fn health(&self) -> Health {
-        let inner = &self.inner;
+impl Inner {
+    pub(crate) async fn health(self: &Arc<Self>) -> Health {
+        let inner = self;
         let nodes = futures::future::join_all(inner.nodes.iter().map(|node| async move {
             let mut report = NodeHealth {
                 node: node.label().to_owned(),

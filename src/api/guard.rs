@@ -2,47 +2,15 @@
 //! view `LockWatch`, and the reasons a held lock can be lost.
 
 use std::fmt;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::sync::{oneshot, watch};
 
-use crate::error::{Error, LossReason};
-use crate::lock::Lock;
-
-/// What the watchdog publishes to the guard and its watches.
-#[derive(Debug, Clone)]
-pub(crate) struct State {
-    /// The lock as last granted or renewed.
-    pub(crate) lock: Lock,
-    /// Set once, when the lock is lost.
-    pub(crate) lost: Option<LossReason>,
-    /// Successful renewals so far.
-    pub(crate) renewals: u64,
-    /// The error of the last renewal, while renewals fail.
-    pub(crate) last_error: Option<String>,
-}
-
-impl State {
-    /// The loss to report: the one the watchdog published, or, past the
-    /// `expires_at` before it did, an expiry with the last renewal error.
-    fn loss(&self) -> Option<LossReason> {
-        if let Some(reason) = &self.lost {
-            return Some(reason.clone());
-        }
-        (!self.lock.is_valid()).then(|| LossReason::Expired {
-            last_error: self.last_error.clone(),
-        })
-    }
-}
-
-/// What the guard asks of its watchdog task.
-#[derive(Debug)]
-pub(crate) enum Stop {
-    /// Stop renewing, release on every node, and report the result.
-    Release(Option<oneshot::Sender<Result<usize, Error>>>),
-    /// Stop renewing and leave the keys to expire.
-    Forget,
-}
+use crate::engine::Inner;
+use crate::engine::lock::Lock;
+use crate::engine::watchdog::{self, State, Stop};
+use crate::protocol::error::{Error, LossReason};
 
 /// A read-only, cloneable view of a guarded lock: what the work needs to
 /// check that it still holds the lock. Given to the closure of
@@ -194,6 +162,12 @@ pub struct LockGuard {
 }
 
 impl LockGuard {
+    /// Wraps a granted lock in a guard and starts its watchdog.
+    pub(crate) fn start(inner: &Arc<Inner>, lock: Lock, ttl: Duration, interval: Duration) -> Self {
+        let (state_rx, stop_tx) = watchdog::spawn(inner.clone(), lock, ttl, interval);
+        LockGuard::new(state_rx, stop_tx)
+    }
+
     pub(crate) fn new(rx: watch::Receiver<State>, stop: oneshot::Sender<Stop>) -> Self {
         LockGuard {
             watch: LockWatch::new(rx),

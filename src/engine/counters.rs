@@ -1,12 +1,10 @@
 //! Counters of what a manager did, always on and cheap (a relaxed atomic
-//! add per event), read with [`Redlock::stats`]. With the `metrics` feature
+//! add per event), read with [`Redlock::stats`](crate::Redlock::stats). With the `metrics` feature
 //! the same events also go to the `metrics` crate's facade, so that a
 //! Prometheus (or any other) exporter sees them.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
-
-use crate::redlock::Redlock;
 
 /// Acquire-latency histogram buckets: bucket `b` holds latencies below
 /// `2^(b/4)` microseconds (four buckets per doubling, up to about 4.5 hours).
@@ -16,16 +14,16 @@ const BUCKETS: usize = 4 * 34;
 #[derive(Debug)]
 pub(crate) struct Counters {
     /// `RedlockBuilder::stats(false)` turns the counting off.
-    enabled: bool,
-    attempts: AtomicU64,
-    grants: AtomicU64,
-    conflicts: AtomicU64,
-    no_quorum: AtomicU64,
-    errors: AtomicU64,
-    renewals: AtomicU64,
-    losses: AtomicU64,
-    node_failures: Box<[AtomicU64]>,
-    latency: Box<[AtomicU64]>,
+    pub(crate) enabled: bool,
+    pub(crate) attempts: AtomicU64,
+    pub(crate) grants: AtomicU64,
+    pub(crate) conflicts: AtomicU64,
+    pub(crate) no_quorum: AtomicU64,
+    pub(crate) errors: AtomicU64,
+    pub(crate) renewals: AtomicU64,
+    pub(crate) losses: AtomicU64,
+    pub(crate) node_failures: Box<[AtomicU64]>,
+    pub(crate) latency: Box<[AtomicU64]>,
 }
 
 /// What an acquisition call ended with.
@@ -121,7 +119,7 @@ impl Counters {
 
     /// The acquire latency below which `q` of the grants came (upper bound
     /// of the histogram bucket), if any grant was counted.
-    fn quantile(&self, q: f64) -> Option<Duration> {
+    pub(crate) fn quantile(&self, q: f64) -> Option<Duration> {
         let counts: Vec<u64> = self
             .latency
             .iter()
@@ -152,68 +150,6 @@ fn bucket(latency: Duration) -> usize {
 /// The upper bound of a bucket.
 fn upper(bucket: usize) -> Duration {
     Duration::from_secs_f64(2f64.powf((bucket + 1) as f64 / 4.0) / 1e6)
-}
-
-/// A snapshot of a manager's counters since it was built; see
-/// [`Redlock::stats`].
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct Stats {
-    /// Acquisition rounds sent (one call makes one or more).
-    pub attempts: u64,
-    /// Acquisition calls that got the lock.
-    pub grants: u64,
-    /// Acquisition calls that ended with `Conflict`.
-    pub conflicts: u64,
-    /// Acquisition calls that ended with `NoQuorum`.
-    pub no_quorum: u64,
-    /// Acquisition calls that ended with another error.
-    pub errors: u64,
-    /// Renewals by guards that succeeded.
-    pub renewals: u64,
-    /// Guards that lost their lock (released ones not counted).
-    pub losses: u64,
-    /// Releases owed to nodes that could not be reached, now.
-    pub pending_releases: usize,
-    /// Per node (by address, in the order given): how often it did not
-    /// agree for a reason other than a refusal (a timeout, an error, a
-    /// connection that failed).
-    pub node_failures: Vec<(String, u64)>,
-    /// The median acquire latency of granted calls (an upper bound, within
-    /// 19 %), if any.
-    pub acquire_p50: Option<Duration>,
-    /// The 99th percentile, likewise.
-    pub acquire_p99: Option<Duration>,
-}
-
-impl Redlock {
-    /// A snapshot of what this manager (and its clones) did since it was
-    /// built: acquisitions by outcome, renewals, losses, per-node failures,
-    /// owed releases and acquire-latency percentiles. Always available; the
-    /// counting costs a relaxed atomic add per event.
-    pub fn stats(&self) -> Stats {
-        let c = &self.inner.stats;
-        let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        Stats {
-            attempts: load(&c.attempts),
-            grants: load(&c.grants),
-            conflicts: load(&c.conflicts),
-            no_quorum: load(&c.no_quorum),
-            errors: load(&c.errors),
-            renewals: load(&c.renewals),
-            losses: load(&c.losses),
-            pending_releases: self.inner.retries.owed(),
-            node_failures: self
-                .inner
-                .nodes
-                .iter()
-                .zip(c.node_failures.iter())
-                .map(|(n, f)| (n.label().to_owned(), load(f)))
-                .collect(),
-            acquire_p50: c.quantile(0.5),
-            acquire_p99: c.quantile(0.99),
-        }
-    }
 }
 
 #[cfg(test)]

@@ -6,15 +6,20 @@ use std::time::Duration;
 
 use redis::ConnectionInfo;
 
-use crate::address::NodeAddress;
-use crate::address::sealed::Sealed;
+use crate::api::address::NodeAddress;
+use crate::api::address::sealed::Sealed;
 
-use crate::error::Error;
-use crate::generation::{self, Generation};
-use crate::lock::new_token;
-use crate::node::{Identities, Node, label};
-use crate::redlock::{Inner, Redlock};
-use crate::release::Retries;
+use crate::api::redlock::Redlock;
+use crate::engine::Inner;
+use crate::engine::config::Config;
+use crate::engine::lock::new_token;
+use crate::engine::node::{Identities, Node, label};
+use crate::engine::retries::Retries;
+use crate::protocol::durability::Durability;
+use crate::protocol::error::Error;
+use crate::protocol::generation::Generation;
+use crate::protocol::keys;
+use crate::protocol::timing::LEASE;
 use crate::trace;
 
 /// Default number of retries after the first attempt.
@@ -31,106 +36,6 @@ pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
 pub const DEFAULT_RENEW_CONCURRENCY: usize = 256;
 /// Default clock drift factor.
 pub const DEFAULT_DRIFT_FACTOR: f64 = 0.01;
-
-/// What a node's agreement to a write (an acquisition, an extension, a
-/// fencing write) must include before it counts towards the quorum. Set with
-/// [`RedlockBuilder::durability`].
-///
-/// The confirmation is pipelined behind the write, so it costs no extra
-/// round trip, but the node answers only once it has confirmed (or its
-/// timeout ran out): the time comes off the lock's validity. A node that
-/// answers without confirming in time counts as not answering (its write is
-/// released if the lock is not granted). A node that cannot confirm at all
-/// (the command is unknown there, or AOF is off for `Disk`) gives
-/// [`NodeError::Durability`](crate::NodeError::Durability): a configuration
-/// error, never a silent downgrade.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub enum Durability {
-    /// The write is in the node's memory: the default, as in every Redlock
-    /// client. Safe after a crash only with `appendfsync always`, or with a
-    /// restart delayed past the largest ttl, or with the restart guard.
-    #[default]
-    Memory,
-    /// The write reached the node's append-only file on disk: `WAITAOF 1 0
-    /// <timeout>` (Redis 7.2 or later, Valkey). Needs `appendonly yes`; with
-    /// `appendfsync everysec` this waits for the next fsync, up to a second.
-    Disk {
-        /// How long the node may wait for its fsync (`WAITAOF`'s timeout).
-        /// Must be shorter than the node timeout.
-        timeout: Duration,
-    },
-    /// The write reached this many replicas of the node: `WAIT <replicas>
-    /// <timeout>`, for masters that have replicas and may fail over.
-    Replicas {
-        /// How many replicas must acknowledge the write.
-        replicas: u32,
-        /// How long the node may wait for them (`WAIT`'s timeout). Must be
-        /// shorter than the node timeout.
-        timeout: Duration,
-    },
-}
-
-impl Durability {
-    /// The confirmation command.
-    pub(crate) fn command(self) -> redis::Cmd {
-        let millis = |t: Duration| u64::try_from(t.as_millis()).unwrap_or(u64::MAX).max(1);
-        match self {
-            Durability::Memory => redis::cmd("PING"),
-            Durability::Disk { timeout } => {
-                let mut cmd = redis::cmd("WAITAOF");
-                cmd.arg(1).arg(0).arg(millis(timeout));
-                cmd
-            }
-            Durability::Replicas { replicas, timeout } => {
-                let mut cmd = redis::cmd("WAIT");
-                cmd.arg(replicas).arg(millis(timeout));
-                cmd
-            }
-        }
-    }
-
-    /// Whether the confirmation's reply confirms the write.
-    pub(crate) fn confirmed(self, reply: &redis::Value) -> bool {
-        use redis::Value;
-        match (self, reply) {
-            (Durability::Memory, _) => true,
-            (Durability::Disk { .. }, Value::Array(counts)) => {
-                matches!(counts.first(), Some(Value::Int(local)) if *local >= 1)
-            }
-            (Durability::Replicas { replicas, .. }, Value::Int(acked)) => {
-                *acked >= i64::from(replicas)
-            }
-            _ => false,
-        }
-    }
-
-    fn timeout(self) -> Option<Duration> {
-        match self {
-            Durability::Memory => None,
-            Durability::Disk { timeout } | Durability::Replicas { timeout, .. } => Some(timeout),
-        }
-    }
-}
-
-#[derive(Debug, Clone)]
-pub(crate) struct Config {
-    pub(crate) retry_count: u32,
-    pub(crate) retry_delay: Duration,
-    pub(crate) retry_jitter: Duration,
-    pub(crate) node_timeout: Duration,
-    pub(crate) connect_timeout: Duration,
-    pub(crate) drift_factor: f64,
-    pub(crate) key_prefix: String,
-    pub(crate) renew_interval: Option<Duration>,
-    pub(crate) max_hold: Option<Duration>,
-    pub(crate) renew_concurrency: usize,
-    pub(crate) restart_guard: Option<Duration>,
-    pub(crate) durability: Durability,
-    pub(crate) stats: bool,
-    #[cfg(feature = "tls")]
-    pub(crate) tls: Option<crate::tls::TlsConfig>,
-}
 
 /// Configures a [`Redlock`]. Made by [`Redlock::builder`].
 ///
@@ -346,7 +251,7 @@ impl RedlockBuilder {
     /// identity for mutual TLS (feature `tls`). Defaults to the system's
     /// roots and no client certificate.
     #[cfg(feature = "tls")]
-    pub fn tls(mut self, tls: crate::tls::TlsConfig) -> Self {
+    pub fn tls(mut self, tls: crate::engine::tls::TlsConfig) -> Self {
         self.config.tls = Some(tls);
         self
     }
@@ -402,7 +307,7 @@ impl RedlockBuilder {
         }
         if config
             .restart_guard
-            .is_some_and(|g| g.is_zero() || g > crate::timing::MAX_TTL)
+            .is_some_and(|g| g.is_zero() || g > crate::protocol::timing::MAX_TTL)
         {
             return Err(Error::InvalidSetting {
                 setting: "restart_guard",
@@ -420,7 +325,7 @@ impl RedlockBuilder {
             });
         }
         let generation = Generation {
-            marker: generation::marker_key(&config.key_prefix),
+            marker: keys::marker_key(&config.key_prefix),
             candidate: new_token()?,
             guard: config.restart_guard,
         };
@@ -461,8 +366,8 @@ impl RedlockBuilder {
         }
         let renewals = tokio::sync::Semaphore::new(config.renew_concurrency);
         let retries = Retries::new(nodes.len());
-        let stats = crate::stats::Counters::new(nodes.len(), config.stats);
-        let waits = crate::wait::Waits::new(nodes.clone(), crate::wait::LEASE);
+        let stats = crate::engine::counters::Counters::new(nodes.len(), config.stats);
+        let waits = crate::engine::wait::registry::Waits::new(nodes.clone(), LEASE);
         Ok(Redlock {
             inner: Arc::new(Inner {
                 nodes,

@@ -1,14 +1,21 @@
 //! The time arithmetic of Redlock, each rule in one place: the drift
 //! allowance, the validity left after a round, the conversion of a ttl to
-//! `PX` milliseconds, the instant a lock ends and the latest instant its keys
-//! can live, the delay between attempts, and the rounding of timers.
+//! `PX` milliseconds and its validation ([`checked_ttl`]), the instant a lock
+//! ends and the latest instant its keys can live, the delay between
+//! attempts, the retry budget ([`retry_budget`]), the holder's expiry a
+//! waiter sleeps until ([`holder_expiry`]), the watchdog's renewal interval
+//! ([`renew_interval`]), the reconnection backoff ([`next_backoff`]), the
+//! waiting registrations' lease ([`LEASE`]) and the hand-off check's delay
+//! ([`HANDOFF_CHECK`]), the fencing write's limit ([`WRITE_LIMIT`],
+//! [`may_trust`]), and the rounding of timers ([`alarm`]).
 //!
 //! All of it is checked or saturating: no `Instant + Duration` in this crate
 //! may panic, whatever the caller passed (`Duration::MAX` included).
 
 use std::time::{Duration, Instant};
 
-use crate::error::Error;
+use crate::protocol::error::Error;
+use crate::protocol::quorum::quorum;
 
 /// The largest ttl sent to Redis. Redis rejects a `PX` whose deadline
 /// (now + ttl, in milliseconds since the epoch) overflows a signed 64-bit
@@ -132,10 +139,146 @@ pub(crate) fn split_vote_pause(n: u32) -> Duration {
 /// The instant to wake up for `at` (a lock's `expires_at`): a millisecond early, because Tokio's
 /// timer fires on the first millisecond tick at or after the instant asked
 /// for, and a lock must never be reported held after its `expires_at`.
-pub(crate) fn alarm(at: Instant) -> tokio::time::Instant {
-    at.checked_sub(Duration::from_millis(1))
-        .unwrap_or(at)
-        .into()
+pub(crate) fn alarm(at: Instant) -> Instant {
+    at.checked_sub(Duration::from_millis(1)).unwrap_or(at)
+}
+
+/// Validates a ttl: [`Ttl::new`], and at most the restart guard's
+/// `max_ttl` (`guard`) when the guard is on.
+pub(crate) fn checked_ttl(
+    ttl: Duration,
+    drift_factor: f64,
+    guard: Option<Duration>,
+) -> Result<Ttl, Error> {
+    let checked = Ttl::new(ttl, drift_factor)?;
+    match guard {
+        Some(max_ttl) if ttl > max_ttl => Err(Error::TtlAboveRestartGuard { ttl, max_ttl }),
+        _ => Ok(checked),
+    }
+}
+
+/// The watchdog's renewal interval for a ttl: the configured one
+/// (`configured`), or ttl / 3.
+pub(crate) fn renew_interval(
+    ttl: Duration,
+    drift_factor: f64,
+    configured: Option<Duration>,
+) -> Result<Duration, Error> {
+    let checked = Ttl::new(ttl, drift_factor)?;
+    let usable = checked.duration - checked.drift;
+    match configured {
+        None => {
+            let interval = checked.duration / 3;
+            if interval.is_zero() || interval >= usable {
+                return Err(Error::TtlTooShortToRenew {
+                    ttl,
+                    drift: checked.drift,
+                });
+            }
+            Ok(interval)
+        }
+        Some(interval) if interval >= usable => Err(Error::InvalidSetting {
+            setting: "renew_interval",
+            reason: "must be shorter than the ttl minus the drift allowance",
+        }),
+        Some(interval) => Ok(interval),
+    }
+}
+
+/// How long an acquisition keeps trying.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Patience {
+    /// This many retries after the first attempt.
+    Retries(u32),
+    /// Retries while the next attempt would start before this instant.
+    Until(Instant),
+}
+
+/// The retry budget of an acquisition that started at `started`: how many
+/// timed retries it may make, and the latest instant an attempt may start.
+///
+/// `retry_count` bounds the timed retries (those no release woke), and
+/// the time slept in all to what that many pauses could take at most: a
+/// waiter woken by releases it keeps losing gives up no later than a
+/// poller would have. `lock_within` gives up at its deadline, and starts no
+/// attempt later than a node timeout before it.
+pub(crate) fn retry_budget(
+    patience: Patience,
+    started: Instant,
+    retry_delay: Duration,
+    retry_jitter: Duration,
+    node_timeout: Duration,
+) -> (u32, Instant) {
+    match patience {
+        Patience::Retries(n) => (
+            n,
+            after(
+                started,
+                retry_delay.saturating_add(retry_jitter).saturating_mul(n),
+            ),
+        ),
+        Patience::Until(give_up_at) => (
+            u32::MAX,
+            give_up_at.checked_sub(node_timeout).unwrap_or(started),
+        ),
+    }
+}
+
+/// How long until enough of the refusing nodes' keys have expired that,
+/// with the nodes that did not refuse, a quorum is free: the k-th smallest
+/// ttl, plus a millisecond for the node's rounding. Nodes that did not
+/// refuse are taken as free (waking early costs one round; waking late is
+/// what must not happen). `None` when that key has no expiry.
+pub(crate) fn holder_expiry(pttls: &[Option<u64>], nodes: usize) -> Option<Duration> {
+    let mut sorted = pttls.to_vec();
+    sorted.sort_by_key(|p| p.unwrap_or(u64::MAX));
+    let free = nodes.saturating_sub(sorted.len());
+    let more = quorum(nodes).saturating_sub(free).max(1);
+    let ms = sorted.get(more - 1).copied().flatten()?;
+    Some(Duration::from_millis(ms.saturating_add(1)))
+}
+
+/// The first pause before a node whose connection failed is tried again.
+pub(crate) const FIRST_BACKOFF: Duration = Duration::from_millis(25);
+/// The longest pause before a node whose connection failed is tried again.
+pub(crate) const MAX_BACKOFF: Duration = Duration::from_secs(1);
+
+/// The pause after `backoff` when a reconnection failed again: twice as
+/// long, at most [`MAX_BACKOFF`].
+pub(crate) fn next_backoff(backoff: Duration) -> Duration {
+    (backoff * 2).min(MAX_BACKOFF)
+}
+
+/// How long a manager's registration in a key's waiting hash lasts unless
+/// its link renews it (every third of it): a manager that dies is named as
+/// a successor for at most this long.
+pub(crate) const LEASE: Duration = Duration::from_secs(6);
+
+/// How long after a release that named a successor its releaser checks
+/// that the successor took the lock: where the key is still free and
+/// managers still wait, the release is published again for every manager
+/// ([`HANDOFF_CHECK`](crate::protocol::scripts::HANDOFF_CHECK)). A named manager that cannot take the lock
+/// (its process stopped, or its waiters could not use the release) delays
+/// the others by about this much.
+pub(crate) const HANDOFF_CHECK: Duration = Duration::from_millis(200);
+
+/// How long a release of an [adopted](crate::Redlock::adopt) lock is retried on
+/// nodes that could not be reached: its ttl is not known here.
+pub(crate) const ADOPTED_RETRY_WINDOW: Duration = Duration::from_secs(60);
+
+/// A token is issued only when its write reached a quorum within this long
+/// of the write round's start; a slower write fails with
+/// [`Error::NoQuorum`]. It bounds how long after a node took a token (and
+/// then, perhaps, lost its data) that token can still be issued; see the
+/// module docs.
+pub(crate) const WRITE_LIMIT: Duration = Duration::from_secs(2);
+
+/// Whether a node whose marker was `age` milliseconds old when a read that
+/// took `read` answered may have its counter trusted by the write made from
+/// that read: born at least `WRITE_LIMIT` before the read began, with a
+/// factor of two for the node's clock against ours.
+pub(crate) fn may_trust(age: i64, read: Duration) -> bool {
+    u64::try_from(age).is_ok_and(|age| Duration::from_millis(age) >= 2 * (WRITE_LIMIT + read))
 }
 
 #[cfg(test)]
@@ -277,6 +420,89 @@ mod tests {
     #[test]
     fn alarm_is_a_millisecond_early() {
         let now = Instant::now() + Duration::from_secs(1);
-        assert_eq!(Instant::from(alarm(now)), now - MS);
+        assert_eq!(alarm(now), now - MS);
+    }
+
+    #[test]
+    fn expiry_waits_for_a_quorum_of_refusing_nodes() {
+        let ms = |n| Some(Duration::from_millis(n));
+        // 5 nodes, all refused: the third key to expire frees a quorum.
+        assert_eq!(
+            holder_expiry(&[Some(50), Some(10), Some(30), Some(20), Some(40)], 5),
+            ms(31)
+        );
+        // 2 nodes did not refuse (taken as free): the first expiry suffices.
+        assert_eq!(holder_expiry(&[Some(50), Some(10), Some(30)], 5), ms(11));
+        // A key without expiry among those needed: unknown.
+        assert_eq!(
+            holder_expiry(&[None, None, None, Some(1), Some(2)], 5),
+            None
+        );
+        assert_eq!(
+            holder_expiry(&[None, Some(1), Some(2), None, None], 5),
+            None
+        );
+        assert_eq!(holder_expiry(&[None, Some(1), Some(2)], 5), ms(2));
+        // Gone already.
+        assert_eq!(holder_expiry(&[Some(0)], 1), ms(1));
+        assert_eq!(holder_expiry(&[], 3), None);
+    }
+
+    #[test]
+    fn a_counter_is_trusted_only_from_a_read_well_after_its_generation() {
+        let read = Duration::from_millis(10);
+        assert!(!may_trust(-1, read));
+        assert!(!may_trust(0, read));
+        assert!(!may_trust(4_019, read));
+        assert!(may_trust(4_020, read));
+        assert!(!may_trust(5_000, Duration::from_millis(600)));
+        assert!(may_trust(6_000, Duration::from_secs(1)));
+    }
+
+    #[test]
+    fn the_backoff_doubles_up_to_a_second() {
+        assert_eq!(next_backoff(FIRST_BACKOFF), 2 * FIRST_BACKOFF);
+        assert_eq!(next_backoff(Duration::from_millis(800)), MAX_BACKOFF);
+        assert_eq!(next_backoff(MAX_BACKOFF), MAX_BACKOFF);
+    }
+
+    #[test]
+    fn the_ttl_is_checked_against_the_restart_guard() {
+        let s = Duration::from_secs(1);
+        assert!(checked_ttl(s, 0.01, None).is_ok());
+        assert!(checked_ttl(s, 0.01, Some(s)).is_ok());
+        assert!(matches!(
+            checked_ttl(2 * s, 0.01, Some(s)),
+            Err(Error::TtlAboveRestartGuard { .. })
+        ));
+        assert!(matches!(
+            checked_ttl(Duration::ZERO, 0.01, None),
+            Err(Error::ZeroTtl)
+        ));
+    }
+
+    #[test]
+    fn the_renewal_interval_is_a_third_or_the_setting() {
+        let s = Duration::from_secs(3);
+        assert_eq!(renew_interval(s, 0.01, None).unwrap(), s / 3);
+        assert_eq!(renew_interval(s, 0.01, Some(2 * MS)).unwrap(), 2 * MS);
+        assert!(matches!(
+            renew_interval(s, 0.01, Some(s)),
+            Err(Error::InvalidSetting { .. })
+        ));
+        assert!(matches!(
+            renew_interval(3 * MS, 0.0, None),
+            Err(Error::TtlTooShortToRenew { .. })
+        ));
+    }
+
+    #[test]
+    fn the_retry_budget() {
+        let now = Instant::now();
+        let (n, last) = retry_budget(Patience::Retries(3), now, 10 * MS, 5 * MS, MS);
+        assert_eq!((n, last), (3, now + 45 * MS));
+        let until = now + 100 * MS;
+        let (n, last) = retry_budget(Patience::Until(until), now, MS, MS, 50 * MS);
+        assert_eq!((n, last), (u32::MAX, now + 50 * MS));
     }
 }

@@ -13,7 +13,7 @@
 //! The node timeout is the bound for a request over one key. A node runs a
 //! script over many keys (a lock on several resources) in one go, in time
 //! that grows with the keys, so a request naming `n` keys gets the node
-//! timeout plus [`PER_KEY`] for each key past the first
+//! timeout plus [`PER_KEY`](crate::protocol::request::PER_KEY) for each key past the first
 //! ([`Request::timeout`]): about 1 s more for a lock on 1,000 resources
 //! (its fencing scripts name each counter too, so about 2 s more). A request over
 //! one key keeps the node timeout as it is. A node that does not answer
@@ -25,116 +25,57 @@ use std::time::Duration;
 
 use futures::stream::{FuturesUnordered, StreamExt};
 use redis::aio::MultiplexedConnection;
-use redis::{Cmd, RedisResult, Script, Value};
-use std::sync::atomic::{AtomicBool, Ordering};
+use redis::{Cmd, RedisResult, Value};
+use std::sync::atomic::AtomicBool;
 
 use tokio::sync::Notify;
 
-use crate::builder::Durability;
-use crate::error::NodeError;
-use crate::node::Node;
-use crate::redlock::Inner;
-use crate::tally::{Ask, Reply, Tally};
+use crate::engine::Inner;
+pub(crate) use crate::engine::inflight::InFlight;
+use crate::engine::inflight::{Mark, Settled};
+use crate::engine::node::Node;
+use crate::protocol::durability::Durability;
+use crate::protocol::error::NodeError;
+use crate::protocol::quorum::{Ask, Reply};
+pub(crate) use crate::protocol::request::Request;
+use crate::protocol::request::unlock;
+use crate::protocol::tally::Tally;
 #[cfg(feature = "tracing")]
 use crate::trace;
 
-/// The time a node is given for each key of a request past the first, on
-/// top of the node timeout.
-///
-/// Measured with 3 local nodes on a 2-core machine: the release of 1,000
-/// keys, each with a waiting manager to name (a hash read and a publish per
-/// key), runs for 5 to 7 ms on an idle node (5 to 7 µs a key); setting,
-/// extending or reading them costs less. On the same machine under a load
-/// of 15 the same script ran for 70 to 100 ms (the node waits for a core),
-/// and the whole release round took up to 300 ms (the client waits too).
-/// 1 ms a key leaves three times that: a request over 1,000 keys may take
-/// about 1 s with the default node timeout, where the plain 50 ms timed
-/// out on every node under load.
-pub(crate) const PER_KEY: Duration = Duration::from_millis(1);
-
-/// One request, the same for every node of a round; cheap to clone.
-#[derive(Clone)]
-pub(crate) enum Request {
-    /// A plain command.
-    Cmd(Arc<Cmd>),
-    /// Commands sent back to back, read as one array of replies; the first
-    /// reply's error is the request's error, a later one is left in the
-    /// array for the reader (see [`crate::wait::acquire_request`]).
-    Pipe(Arc<redis::Pipeline>),
-    /// A script, run by `EVALSHA` with the `NOSCRIPT` fallback.
-    Script {
-        script: &'static Script,
-        keys: Arc<[Vec<u8>]>,
-        args: Arc<[Vec<u8>]>,
-    },
-    /// A write followed, in the same round trip, by the command that
-    /// confirms its durability (`WAITAOF` or `WAIT`); see
-    /// [`Durability`].
-    Durable {
-        write: Box<Request>,
-        durability: Durability,
-    },
+/// Sends `request` on `conn` and reads the raw reply.
+async fn run(request: &Request, conn: &mut MultiplexedConnection) -> Result<Value, NodeError> {
+    match request {
+        Request::Durable { write, durability } => run_durable(write, *durability, conn).await,
+        other => run_plain(other, conn).await.map_err(NodeError::from_redis),
+    }
 }
 
-impl Request {
-    /// How many keys the request names: a command or pipeline counts as
-    /// one (they are the single-key requests).
-    pub(crate) fn keys(&self) -> usize {
-        match self {
-            Request::Cmd(_) | Request::Pipe(_) => 1,
-            Request::Script { keys, .. } => keys.len().max(1),
-            Request::Durable { write, .. } => write.keys(),
-        }
-    }
-
-    /// How long a node may take to answer this request: `node_timeout`,
-    /// plus [`PER_KEY`] for each key past the first.
-    pub(crate) fn timeout(&self, node_timeout: Duration) -> Duration {
-        let extra = u32::try_from(self.keys() - 1).unwrap_or(u32::MAX);
-        node_timeout.saturating_add(PER_KEY.saturating_mul(extra))
-    }
-
-    /// This request, confirmed as `durability` asks (a write of a lock).
-    pub(crate) fn durable(self, durability: Durability) -> Self {
-        match durability {
-            Durability::Memory => self,
-            durability => Request::Durable {
-                write: Box::new(self),
-                durability,
-            },
-        }
-    }
-
-    async fn run(&self, conn: &mut MultiplexedConnection) -> Result<Value, NodeError> {
-        match self {
-            Request::Durable { write, durability } => run_durable(write, *durability, conn).await,
-            other => other.run_plain(conn).await.map_err(NodeError::from_redis),
-        }
-    }
-
-    async fn run_plain(&self, conn: &mut MultiplexedConnection) -> RedisResult<Value> {
-        match self {
-            Request::Durable { write, .. } => Box::pin(write.run_plain(conn)).await,
-            Request::Cmd(cmd) => cmd.query_async(conn).await,
-            Request::Pipe(pipe) => {
-                let value: Value = pipe.query_async(conn).await?;
-                if let Value::Array(replies) = &value
-                    && let Some(Value::ServerError(e)) = replies.first()
-                {
-                    return Err(e.clone().into());
-                }
-                Ok(value)
+/// [`run`] without the durability confirmation.
+async fn run_plain(request: &Request, conn: &mut MultiplexedConnection) -> RedisResult<Value> {
+    match request {
+        Request::Durable { write, .. } => Box::pin(run_plain(write, conn)).await,
+        Request::Cmd(cmd) => cmd.query_async(conn).await,
+        Request::Pipe(pipe) => {
+            let value: Value = pipe.query_async(conn).await?;
+            if let Value::Array(replies) = &value
+                && let Some(Value::ServerError(e)) = replies.first()
+            {
+                return Err(e.clone().into());
             }
-            Request::Script { script, keys, args } => {
-                let mut call = script.prepare_invoke();
-                for key in keys.iter() {
-                    call.key(key.as_slice());
-                }
-                for arg in args.iter() {
-                    call.arg(arg.as_slice());
-                }
-                call.invoke_async(conn).await
+            Ok(value)
+        }
+        Request::Script {
+            script, keys, args, ..
+        } => {
+            let mut call = script.prepare_invoke();
+            for key in keys.iter() {
+                call.key(key.as_slice());
             }
+            for arg in args.iter() {
+                call.arg(arg.as_slice());
+            }
+            call.invoke_async(conn).await
         }
     }
 }
@@ -159,7 +100,9 @@ async fn run_durable(
             Request::Cmd(cmd) => {
                 pipe.add_command((**cmd).clone());
             }
-            Request::Script { script, keys, args } => {
+            Request::Script {
+                script, keys, args, ..
+            } => {
                 let evalsha = pipe.cmd("EVALSHA").arg(script.get_hash()).arg(keys.len());
                 for key in keys.iter() {
                     evalsha.arg(key.as_slice());
@@ -205,94 +148,9 @@ async fn run_durable(
     }
 }
 
-/// Which requests of one round have settled, per node. Light on purpose:
-/// a guard keeps one for its latest renewal.
-#[derive(Debug)]
-struct Settled {
-    done: Box<[AtomicBool]>,
-    changed: Notify,
-}
-
-impl Settled {
-    fn all(&self) -> bool {
-        self.done.iter().all(|d| d.load(Ordering::Acquire))
-    }
-}
-
-/// Marks one node's request of a round settled when dropped: when it
-/// completed, and also when it was dropped unfinished (see
-/// [`InFlight::settled`]).
-struct Mark {
-    settled: Arc<Settled>,
-    index: usize,
-}
-
-impl Drop for Mark {
-    fn drop(&mut self) {
-        self.settled.done[self.index].store(true, Ordering::Release);
-        self.settled.changed.notify_waiters();
-    }
-}
-
-/// Which requests of earlier rounds on a lock may still be running, per
-/// node. A clone shares the same view.
-#[derive(Clone, Default)]
-pub(crate) struct InFlight {
-    rounds: Vec<Arc<Settled>>,
-}
-
-impl InFlight {
-    /// Waits until every earlier request to node `index` has settled:
-    /// answered, timed out, or dropped unfinished. A request that was dropped
-    /// after it was written to the socket still runs on the node, but before
-    /// anything sent to that node later, on the same connection.
-    ///
-    /// # Cancel safety
-    /// Cancel-safe: it only watches.
-    pub(crate) async fn settled(&self, index: usize) {
-        for round in &self.rounds {
-            let Some(done) = round.done.get(index) else {
-                continue;
-            };
-            loop {
-                // Register before looking, so that a mark in between is not
-                // missed.
-                let changed = round.changed.notified();
-                let mut changed = std::pin::pin!(changed);
-                changed.as_mut().enable();
-                if done.load(Ordering::Acquire) {
-                    break;
-                }
-                changed.await;
-            }
-        }
-    }
-
-    /// These rounds followed by `later`, without the rounds that have
-    /// settled on every node.
-    pub(crate) fn and(&self, later: &InFlight) -> InFlight {
-        let rounds = self
-            .rounds
-            .iter()
-            .chain(&later.rounds)
-            .filter(|round| !round.all())
-            .cloned()
-            .collect();
-        InFlight { rounds }
-    }
-}
-
-impl std::fmt::Debug for InFlight {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("InFlight")
-            .field("rounds", &self.rounds.len())
-            .finish()
-    }
-}
-
 /// Sends `request` to one node: waits for the node's earlier requests on the
 /// same lock (`after`), connects within the connect timeout, and waits for
-/// the reply within the node timeout (plus [`PER_KEY`] for each key past the
+/// the reply within the node timeout (plus [`PER_KEY`](crate::protocol::request::PER_KEY) for each key past the
 /// first, see [`Request::timeout`]). A request on a connection that turns
 /// out to be broken (the node restarted since it was made) is sent once more
 /// on a fresh one.
@@ -309,7 +167,7 @@ pub(crate) async fn call(
     let mut request = request;
     loop {
         let mut conn = node.connection().await?;
-        match tokio::time::timeout(timeout, request.run(&mut conn.conn)).await {
+        match tokio::time::timeout(timeout, run(&request, &mut conn.conn)).await {
             Err(_) => return Err(NodeError::Timeout),
             Ok(Ok(value)) => return Ok(value),
             Ok(Err(error)) => {
@@ -336,9 +194,6 @@ pub(crate) async fn call(
 /// script, when the node refused the script (scripting denied by its ACL,
 /// or `EVALSHA` renamed away) and has one (see [`Node::native_release`]).
 fn native_fallback(node: &Node, request: &Request, error: &NodeError) -> Option<Cmd> {
-    let Request::Script { script, keys, args } = request else {
-        return None;
-    };
     let NodeError::Reply(e) = error else {
         return None;
     };
@@ -349,11 +204,10 @@ fn native_fallback(node: &Node, request: &Request, error: &NodeError) -> Option<
             .to_ascii_lowercase()
             .contains("unknown command"),
     };
-    let unlock: &Script = &crate::scripts::UNLOCK;
-    if !refused || !std::ptr::eq(*script, unlock) || keys.len() != 1 {
+    if !refused {
         return None;
     }
-    node.native_release(&keys[0], args.first()?)
+    unlock::native_instead(node.native_release(), request)
 }
 
 /// How long a round listens.
@@ -459,34 +313,5 @@ where
     Round {
         tally,
         in_flight: InFlight { rounds },
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_request_gets_time_for_each_key_past_the_first() {
-        let base = Duration::from_millis(50);
-        let set = Request::Cmd(Arc::new(redis::cmd("SET")));
-        assert_eq!(set.timeout(base), base, "one key: the node timeout");
-        let script = |n: usize| Request::Script {
-            script: &crate::scripts::UNLOCK_MANY,
-            keys: (0..n).map(|i| i.to_string().into_bytes()).collect(),
-            args: Arc::new([]),
-        };
-        assert_eq!(script(1).timeout(base), base);
-        assert_eq!(script(0).timeout(base), base);
-        assert_eq!(script(2).timeout(base), base + PER_KEY);
-        assert_eq!(
-            script(1_000).timeout(base),
-            base + Duration::from_millis(999)
-        );
-        let durable = script(10).durable(Durability::Disk {
-            timeout: Duration::from_secs(1),
-        });
-        assert_eq!(durable.timeout(base), base + PER_KEY * 9);
-        assert_eq!(script(3).timeout(Duration::MAX), Duration::MAX);
     }
 }

@@ -14,53 +14,8 @@
 
 use std::time::Instant;
 
-use crate::error::{Error, NodeError, NodeFailure};
-use crate::generation;
-
-/// How many of `nodes` nodes must agree: a strict majority, `nodes / 2 + 1`.
-pub(crate) const fn quorum(nodes: usize) -> usize {
-    nodes / 2 + 1
-}
-
-/// What a round asks, which decides what a "no" means.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Ask {
-    /// Acquisition: a "no" is another holder's key.
-    Acquire,
-    /// Extend, unlock, the fencing write, a remote check: a "no" is "not
-    /// ours".
-    Owned,
-    /// The fencing read: as `Owned`, and it listens on past a quorum until
-    /// the read is proven (see [`generation::proven`]).
-    Fence,
-}
-
-/// How one node answered, once its reply was read.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Reply {
-    /// It agreed; the number is the script's integer reply, if any.
-    Agreed(Option<i64>),
-    /// The key is not ours there: held by `holder` (when the reply says), or
-    /// missing.
-    Refused { holder: Option<Vec<u8>> },
-    /// The key was missing and the renewal set it again with our token: not
-    /// ours when the round started, ours now.
-    Healed,
-    /// A fencing read where the lock is ours, with a counter that is missing
-    /// or from an earlier generation of the node: it agreed, with this
-    /// number, but the number may be less than the last token.
-    Untrusted(i64),
-    /// A fencing read where the lock is not ours: refused, but its counter
-    /// was read, and counts towards proving the read.
-    Foreign { number: i64, trusted: bool },
-    /// The node agreed (or healed, `healed`), but its data is younger than
-    /// the restart guard's `max_ttl`: it does not count towards the quorum.
-    Young {
-        age: std::time::Duration,
-        max_ttl: std::time::Duration,
-        healed: bool,
-    },
-}
+use crate::protocol::error::{Error, NodeError, NodeFailure};
+use crate::protocol::quorum::{self, Ask, Outcome, Reply, quorum};
 
 /// What a round found.
 #[derive(Debug)]
@@ -104,26 +59,6 @@ pub(crate) struct Tally {
     /// The highest integer reply of the nodes that agreed (the fencing read
     /// uses it).
     pub(crate) highest: Option<i64>,
-}
-
-/// How a round that did not reach a quorum ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Outcome {
-    /// A quorum agreed.
-    Quorum,
-    /// Another holder has a quorum (acquire), or a quorum said the key is
-    /// not ours (owned).
-    Refused,
-    /// Another holder may have a quorum: with the nodes that did not answer,
-    /// it would. Acquisition only.
-    MayBeHeld,
-    /// Contenders shared the nodes: nobody can have a quorum. Acquisition
-    /// only.
-    Split,
-    /// Errors that retrying cannot fix decided it.
-    Errors,
-    /// Too few nodes answered.
-    NoQuorum,
 }
 
 impl Tally {
@@ -282,9 +217,9 @@ impl Tally {
         claim >= required || claim + self.pending() < required
     }
 
-    /// Whether a fencing read may be used: see [`generation::proven`].
+    /// Whether a fencing read may be used: see [`quorum::proven`].
     pub(crate) fn proven(&self) -> bool {
-        generation::proven(self.nodes, self.read, self.untrusted)
+        quorum::proven(self.nodes, self.read, self.untrusted)
     }
 
     /// The configuration error when two entries of the node list turned out
@@ -369,15 +304,6 @@ impl Tally {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn quorum_is_a_strict_majority() {
-        let expected = [(1, 1), (2, 2), (3, 2), (4, 3), (5, 3), (6, 4), (7, 4)];
-        for (n, q) in expected {
-            assert_eq!(quorum(n), q, "quorum({n})");
-            assert!(2 * quorum(n) > n, "two quorums of {n} must intersect");
-        }
-    }
 
     fn held(by: &str) -> Result<Reply, NodeError> {
         Ok(Reply::Refused {

@@ -4,8 +4,9 @@ use std::borrow::Cow;
 use std::fmt;
 use std::time::{Duration, Instant};
 
-use crate::error::Error;
-use crate::round::InFlight;
+use crate::engine::inflight::InFlight;
+use crate::protocol::error::Error;
+use crate::protocol::keys;
 
 /// Bytes of randomness in a token: 160 bits, as the Redlock spec asks.
 const TOKEN_BYTES: usize = 20;
@@ -127,12 +128,12 @@ impl Lock {
 
     /// The name errors and traces give the lock: the resource (borrowed, so
     /// a single lock's unlock allocates nothing for it), or the resources
-    /// as `multi::label` names them.
+    /// as [`keys::label`] names them.
     pub(crate) fn label(&self) -> Cow<'_, str> {
         if self.rest.is_empty() {
             return Cow::Borrowed(&self.resource);
         }
-        Cow::Owned(crate::multi::label(&self.resources().collect::<Vec<_>>()).into_owned())
+        Cow::Owned(keys::label(&self.resources().collect::<Vec<_>>()).into_owned())
     }
 
     /// The random value stored in the key, as 40 hex characters. It proves

@@ -4,7 +4,7 @@
 //! # The marker
 //! Each node keeps one key without expiry, the manager's key prefix followed
 //! by the byte `0xFF` and `generation` (never a lock key, which is UTF-8; see
-//! [`scripts`](crate::scripts)). It holds `<born>:<id>`: the node's own
+//! [`keys`](crate::protocol::keys)). It holds `<born>:<id>`: the node's own
 //! `TIME` in milliseconds when the marker was made, and a random id. The
 //! whole string is the node's *generation*. A node that loses its data loses
 //! the marker with it, and the next request of ours that carries the
@@ -34,17 +34,14 @@
 //! counter that is missing, or was written in an earlier generation, is
 //! untrusted. The write raises the counter within the node's generation and
 //! sets it outright in a new one, which re-synchronises a node that lost its
-//! data. [`proven`] is the rule that decides whether a read may be used.
+//! data. [`proven`](crate::protocol::quorum::proven) is the rule that decides whether a read may
+//! be used.
 
 use std::time::Duration;
 
 use redis::{Script, Value};
 
-use crate::tally::{Reply, quorum};
-
-/// The byte that separates a key prefix from a key of ours that is not a
-/// lock key; see the module docs.
-const SEPARATOR: u8 = 0xFF;
+use crate::protocol::quorum::Reply;
 
 /// The Lua lines every marker-carrying script starts with; see the module
 /// docs. Defines the locals `generation` (the node's generation string) and
@@ -74,15 +71,6 @@ pub(crate) fn with_marker(body: &str) -> Script {
     Script::new(&format!(
         "{PRELUDE}local function body()\n{body}\nend\nreturn {{body(), age}}"
     ))
-}
-
-/// The marker key of a manager's key prefix.
-pub(crate) fn marker_key(prefix: &str) -> Vec<u8> {
-    let mut key = Vec::with_capacity(prefix.len() + 11);
-    key.extend_from_slice(prefix.as_bytes());
-    key.push(SEPARATOR);
-    key.extend_from_slice(b"generation");
-    key
 }
 
 /// A manager's view of the markers: the key, the id it proposes when it
@@ -146,55 +134,10 @@ impl Generation {
     }
 }
 
-/// The proven-read rule of the fencing read. With `answered` nodes whose
-/// counters were read (not young; the lock ours there or not, the round
-/// itself needs a quorum where it is ours), `untrusted` of them with a
-/// counter that is missing or from an earlier generation, out of `nodes`:
-/// the read is proven when a quorum answered and `min(untrusted, f) +
-/// silent` is less than a quorum, where `silent = nodes − answered` and
-/// `f = nodes − quorum` is the number of nodes that may have lost their
-/// data.
-///
-/// Why: the last token was written to a quorum `W`. At most `f` nodes lost
-/// their data, and those among the answers are untrusted, so at most
-/// `min(untrusted, f)` answering nodes of `W` lost the token; the silent
-/// ones may be the rest of `W`. If together they are fewer than a quorum,
-/// some answering node of `W` kept its counter, in its generation, and the
-/// largest counter read is at least the last token.
-pub(crate) fn proven(nodes: usize, answered: usize, untrusted: usize) -> bool {
-    let required = quorum(nodes);
-    let f = nodes - required;
-    let silent = nodes.saturating_sub(answered);
-    answered >= required && untrusted.min(f) + silent < required
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_proven_read_rule() {
-        // A brand-new cluster: every counter missing, every node answering.
-        assert!(proven(3, 3, 3));
-        assert!(proven(5, 5, 5));
-        // ... but not with a node silent: it may hold the last token.
-        assert!(!proven(3, 2, 2));
-        assert!(!proven(5, 4, 4));
-        // Issue 11's schedule: B sees n0 lost, n2 never written, n1 silent.
-        assert!(!proven(3, 2, 2));
-        // Trusted answers from a quorum with the rest silent: proven.
-        assert!(proven(3, 2, 0));
-        assert!(proven(5, 3, 0));
-        // One untrusted among a bare quorum: the silent ones and it could
-        // be the whole write quorum.
-        assert!(!proven(3, 2, 1));
-        assert!(!proven(5, 3, 1));
-        assert!(proven(5, 4, 1));
-        assert!(!proven(5, 4, 2));
-        assert!(proven(5, 5, 2));
-        // Fewer than a quorum answered: never.
-        assert!(!proven(5, 2, 0));
-    }
+    use crate::protocol::keys::marker_key;
 
     #[test]
     fn the_marker_is_never_a_lock_key() {

@@ -2,35 +2,27 @@
 //! per-node queue that retries nodes that could not be reached, and the
 //! guard that releases a cancelled attempt.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, OnceLock, Weak};
-use std::time::{Duration, Instant};
+use std::sync::{Arc, OnceLock, Weak};
+use std::time::Instant;
 
 use futures::future::join_all;
 use tokio::task::JoinHandle;
 
-use crate::multi;
-use crate::redlock::Inner;
-use crate::round::{self, InFlight, Until};
-use crate::scripts;
-use crate::tally::{Ask, Tally};
-use crate::trace;
+use crate::engine::Inner;
+use crate::engine::lock::Lock;
+use crate::engine::round::{self, InFlight, Until};
+use crate::protocol::error::Error;
+use crate::protocol::quorum::Ask;
+use crate::protocol::request::unlock;
+use crate::protocol::tally::Tally;
+use crate::protocol::timing;
+use crate::trace::{self, InSpan};
 
-/// The most releases (locks) one node's retry queue keeps. Past it, or past
-/// [`MAX_QUEUED_KEYS_PER_NODE`], the lock whose keys expire first is
-/// dropped: its keys then expire with their ttl, as they would without the
-/// retry.
-pub(crate) const MAX_QUEUED_PER_NODE: usize = 10_000;
-/// The most keys, over all its locks, one node's retry queue keeps (ten
-/// locks of [`crate::MAX_RESOURCES`] each, or ten thousand single locks).
-const MAX_QUEUED_KEYS_PER_NODE: usize = 100_000;
 /// The most releases (locks) one retry sends to a node at once.
 const BATCH: usize = 512;
 /// The most keys one retry sends to a node at once, over its locks (one lock
 /// goes alone when it has more).
 const BATCH_KEYS: usize = 1_024;
-/// The longest pause between two retries to a node.
-const MAX_PAUSE: Duration = Duration::from_secs(1);
 
 /// Sends the ownership-checked release to every node, each after that
 /// node's earlier requests on the lock (`after`) settled, and waits for all
@@ -67,7 +59,7 @@ pub(crate) async fn release_on(
 
 /// [`release_on`], publishing the release unless `quiet`: a failed attempt
 /// that never had a quorum, which no waiter took for a holder, is released
-/// quietly (see [`scripts::UNLOCK`]).
+/// quietly (see [`scripts::UNLOCK`](crate::protocol::scripts::UNLOCK)).
 pub(crate) async fn release_with(
     inner: &Arc<Inner>,
     only: Option<&[usize]>,
@@ -77,7 +69,7 @@ pub(crate) async fn release_with(
     after: &InFlight,
     quiet: bool,
 ) -> Tally {
-    let request = multi::unlock_request(keys, token, quiet);
+    let request = unlock::request(keys, token, quiet);
     let round = round::round(
         inner,
         only,
@@ -85,185 +77,55 @@ pub(crate) async fn release_with(
         Until::AllNodes,
         request,
         after,
-        scripts::read_unlock,
+        unlock::read,
     )
     .await;
     if round.tally.highest == Some(2) {
         // A node named a successor: check that it took the lock.
-        crate::wait::check_handoff(inner, &round.tally.agreed, keys, token);
+        crate::engine::wait::handoff::check_handoff(inner, &round.tally.agreed, keys, token);
     }
     if Instant::now() < key_expiry {
         // Owed lock by lock: the retry sends the same request again.
         let owed: Arc<[String]> = keys.iter().map(|&k| k.to_owned()).collect();
         for &index in &round.tally.unanswered {
-            inner
-                .retries
-                .push(inner, index, &owed, token, key_expiry, quiet);
+            inner.retries.push(
+                index,
+                &owed,
+                token,
+                key_expiry,
+                quiet,
+                inner.nodes[index].label(),
+                || start_worker(inner, index),
+            );
         }
     }
     round.tally
 }
 
-/// The releases still owed to each node, and one worker task per node that
-/// retries them: however many locks are released while a node is down, the
-/// node gets one task and at most one batch of requests per pause.
-///
-/// An owed release is one lock: its token and all its keys, released by the
-/// request that the release round sent ([`multi::unlock_request`]). It is
-/// owed until the node answers it, or until its keys would have expired
-/// anyway, or until the manager (with all its clones) is dropped.
-///
-/// The worker starts on the runtime of the release that first owed the node
-/// something, so that its requests ride the same connection as that
-/// runtime's earlier requests on the node (a `SET` still queued there runs
-/// before the retried release). When that runtime shuts down while releases
-/// are still owed, the worker goes on from the crate's own release runtime:
-/// one thread, started on first need, that lives as long as the process
-/// (see [`fallback`]). So a release owed from a runtime that ended (a
-/// `block_on` per command, a test per runtime) is still retried.
-#[derive(Debug)]
-pub(crate) struct Retries {
-    queues: Vec<Mutex<Queue>>,
-}
-
-#[derive(Debug, Default)]
-struct Queue {
-    /// Token → the lock owed.
-    owed: HashMap<String, Owed>,
-    /// The keys of all the locks owed.
-    keys: usize,
-    worker: Option<JoinHandle<()>>,
-}
-
-/// One lock whose release a node is owed.
-#[derive(Debug)]
-struct Owed {
-    keys: Arc<[String]>,
-    /// The instant its keys expire anyway.
-    expiry: Instant,
-    /// Released without publishing (see [`scripts::UNLOCK`]).
-    quiet: bool,
-}
-
-impl Queue {
-    fn remove(&mut self, token: &str) {
-        if let Some(owed) = self.owed.remove(token) {
-            self.keys -= owed.keys.len();
-        }
-    }
-
-    /// Drops what expired by `now`.
-    fn expire(&mut self, now: Instant) {
-        let mut keys = self.keys;
-        self.owed.retain(|_, owed| {
-            let keep = owed.expiry > now;
-            if !keep {
-                keys -= owed.keys.len();
-            }
-            keep
-        });
-        self.keys = keys;
+impl Inner {
+    pub(crate) async fn unlock(self: &Arc<Self>, lock: &Lock) -> Result<usize, Error> {
+        let span = trace::span!("unlock", resource = %lock.label());
+        let tally = release_everywhere(
+            self,
+            &lock.key_list(),
+            &lock.token,
+            lock.key_expiry,
+            &lock.in_flight,
+        )
+        .in_span(span)
+        .await;
+        self.note(&tally);
+        tally.into_released(&lock.label())
     }
 }
 
-impl Retries {
-    pub(crate) fn new(nodes: usize) -> Self {
-        Retries {
-            queues: (0..nodes).map(|_| Mutex::new(Queue::default())).collect(),
-        }
-    }
-
-    fn queue(&self, index: usize) -> std::sync::MutexGuard<'_, Queue> {
-        // Every change under it keeps `owed` and `keys` in step before
-        // anything that can panic; a poisoned lock is still usable.
-        self.queues[index].lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// How many releases (locks) are owed, over all nodes.
-    pub(crate) fn owed(&self) -> usize {
-        (0..self.queues.len())
-            .map(|i| self.queue(i).owed.len())
-            .sum()
-    }
-
-    /// Owes node `index` the release of the lock `token` over `keys` until
-    /// `key_expiry`, and makes sure the node's worker runs.
-    fn push(
-        &self,
-        inner: &Arc<Inner>,
-        index: usize,
-        keys: &Arc<[String]>,
-        token: &str,
-        key_expiry: Instant,
-        quiet: bool,
-    ) {
-        let mut queue = self.queue(index);
-        // The same lock owed again (a later release of it): one entry, its
-        // keys the union, its expiry the later, published unless both were
-        // quiet.
-        let (keys, key_expiry, quiet) = match queue.owed.get(token) {
-            Some(old) => {
-                let mut union: Vec<String> = old.keys.to_vec();
-                union.extend(keys.iter().filter(|k| !old.keys.contains(k)).cloned());
-                (union.into(), old.expiry.max(key_expiry), old.quiet && quiet)
-            }
-            None => (keys.clone(), key_expiry, quiet),
-        };
-        queue.remove(token);
-        while !queue.owed.is_empty()
-            && (queue.owed.len() >= MAX_QUEUED_PER_NODE
-                || queue.keys + keys.len() > MAX_QUEUED_KEYS_PER_NODE)
-        {
-            let first = queue
-                .owed
-                .iter()
-                .min_by_key(|(_, owed)| owed.expiry)
-                .map(|(token, _)| token.clone());
-            if let Some(first) = first {
-                queue.remove(&first);
-            }
-        }
-        queue.keys += keys.len();
-        queue.owed.insert(
-            token.to_owned(),
-            Owed {
-                keys,
-                expiry: key_expiry,
-                quiet,
-            },
-        );
-        trace::debug!(
-            node = inner.nodes[index].label(),
-            owed = queue.owed.len(),
-            "release owed to an unreachable node"
-        );
-        // A worker that ended is replaced. One whose runtime shut down has
-        // already moved itself to the release runtime ([`Worker`]).
-        let idle = queue.worker.as_ref().is_none_or(JoinHandle::is_finished);
-        // Not under the queue's lock: a runtime that is shutting down drops
-        // the spawned task at once, and the dropped worker takes this lock
-        // to move itself to the release runtime.
-        drop(queue);
-        if idle {
-            self.start_worker(inner, index);
-        }
-    }
-
-    /// Starts node `index`'s worker on the current runtime (the release
-    /// runtime outside one). Two calls that race may each start one: both
-    /// drain the same queue, and each ends when nothing is owed.
-    fn start_worker(&self, inner: &Arc<Inner>, index: usize) {
-        let Some(handle) = tokio::runtime::Handle::try_current().ok().or_else(fallback) else {
-            return;
-        };
-        let task = handle.spawn(drain(Worker::new(inner, index)));
-        let mut queue = self.queue(index);
-        // A worker that moved itself to the release runtime meanwhile (this
-        // runtime is shutting down) or that another call started is kept.
-        if queue.worker.as_ref().is_none_or(JoinHandle::is_finished) {
-            queue.worker = Some(task);
-        }
-    }
+/// Starts the worker of node `index` on the current runtime, or on the
+/// release runtime ([`fallback`]) outside one.
+fn start_worker(inner: &Arc<Inner>, index: usize) -> Option<JoinHandle<()>> {
+    let handle = tokio::runtime::Handle::try_current()
+        .ok()
+        .or_else(fallback)?;
+    Some(handle.spawn(drain(Worker::new(inner, index))))
 }
 
 /// The crate's own runtime for release workers whose runtime shut down: a
@@ -375,7 +237,7 @@ async fn drain(mut worker: Worker) {
         let node_timeout = inner.config.node_timeout;
         let answers = join_all(batch.iter().map(|(token, keys, quiet)| {
             let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
-            let request = multi::unlock_request(&keys, token, *quiet);
+            let request = unlock::request(&keys, token, *quiet);
             round::call(
                 node.clone(),
                 index,
@@ -405,7 +267,7 @@ async fn drain(mut worker: Worker) {
         pause = if answered > 0 {
             node_timeout
         } else {
-            (pause * 2).min(MAX_PAUSE)
+            timing::next_backoff(pause)
         };
     }
 }

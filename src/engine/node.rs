@@ -41,13 +41,10 @@ use std::time::{Duration, Instant};
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, Client, ConnectionInfo, RedisError, RedisResult};
 
-use crate::builder::Config;
-use crate::error::NodeError;
-
-/// The first pause before a node whose connection failed is tried again.
-const FIRST_BACKOFF: Duration = Duration::from_millis(25);
-/// The longest pause before a node whose connection failed is tried again.
-const MAX_BACKOFF: Duration = Duration::from_secs(1);
+use crate::engine::config::Config;
+use crate::protocol::error::NodeError;
+use crate::protocol::request::unlock::Native;
+use crate::protocol::timing::{FIRST_BACKOFF, next_backoff};
 
 /// Which server each node of one manager turned out to be: its `run_id`,
 /// learned on each connection. Two entries of the node list that reach the
@@ -223,26 +220,16 @@ impl Node {
         }
     }
 
-    /// The server's native "delete if the value equals" command for `key`
-    /// and `token`, if it has one (`DELIFEQ` on Valkey 9.0 or later,
-    /// `DELEX key IFEQ token` on Redis 8.4 or later). It answers 1 or 0 as
-    /// the unlock script does; used where the node refuses scripts.
-    pub(crate) fn native_release(&self, key: &[u8], token: &[u8]) -> Option<redis::Cmd> {
+    /// The server's native conditional delete, if it has one (see
+    /// [`native`](crate::protocol::request::unlock::native)), used where the node refuses scripts.
+    pub(crate) fn native_release(&self) -> Native {
         match self
             .native_release
             .load(std::sync::atomic::Ordering::Relaxed)
         {
-            1 => {
-                let mut cmd = redis::cmd("DELIFEQ");
-                cmd.arg(key).arg(token);
-                Some(cmd)
-            }
-            2 => {
-                let mut cmd = redis::cmd("DELEX");
-                cmd.arg(key).arg("IFEQ").arg(token);
-                Some(cmd)
-            }
-            _ => None,
+            1 => Native::DelIfEq,
+            2 => Native::DelEx,
+            _ => Native::None,
         }
     }
 
@@ -340,7 +327,7 @@ impl Node {
                 let backoff = slot
                     .failed
                     .as_ref()
-                    .map_or(FIRST_BACKOFF, |f| (f.backoff * 2).min(MAX_BACKOFF));
+                    .map_or(FIRST_BACKOFF, |f| next_backoff(f.backoff));
                 // Only this runtime's connection goes (if it had one): another
                 // runtime's may still carry requests that must run before
                 // that runtime's later ones.
@@ -415,7 +402,7 @@ impl Node {
     }
 
     /// A new dedicated pub/sub connection to the node, made within the
-    /// connect timeout (the subscriptions of [`crate::wait`] ride on it).
+    /// connect timeout (the subscriptions of [`crate::engine::wait`] ride on it).
     ///
     /// # Cancel safety
     /// Cancel-safe: a dropped attempt leaves nothing behind.

@@ -1,0 +1,65 @@
+//! [`Stats`]: a snapshot of the manager's counters (kept by
+//! [`crate::engine::counters`]).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use crate::engine::Inner;
+
+/// A snapshot of a manager's counters since it was built; see
+/// [`Redlock::stats`](crate::Redlock::stats).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Stats {
+    /// Acquisition rounds sent (one call makes one or more).
+    pub attempts: u64,
+    /// Acquisition calls that got the lock.
+    pub grants: u64,
+    /// Acquisition calls that ended with `Conflict`.
+    pub conflicts: u64,
+    /// Acquisition calls that ended with `NoQuorum`.
+    pub no_quorum: u64,
+    /// Acquisition calls that ended with another error.
+    pub errors: u64,
+    /// Renewals by guards that succeeded.
+    pub renewals: u64,
+    /// Guards that lost their lock (released ones not counted).
+    pub losses: u64,
+    /// Releases owed to nodes that could not be reached, now.
+    pub pending_releases: usize,
+    /// Per node (by address, in the order given): how often it did not
+    /// agree for a reason other than a refusal (a timeout, an error, a
+    /// connection that failed).
+    pub node_failures: Vec<(String, u64)>,
+    /// The median acquire latency of granted calls (an upper bound, within
+    /// 19 %), if any.
+    pub acquire_p50: Option<Duration>,
+    /// The 99th percentile, likewise.
+    pub acquire_p99: Option<Duration>,
+}
+
+impl Stats {
+    /// The snapshot of a manager's counters.
+    pub(crate) fn of(inner: &Inner) -> Stats {
+        let c = &inner.stats;
+        let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        Stats {
+            attempts: load(&c.attempts),
+            grants: load(&c.grants),
+            conflicts: load(&c.conflicts),
+            no_quorum: load(&c.no_quorum),
+            errors: load(&c.errors),
+            renewals: load(&c.renewals),
+            losses: load(&c.losses),
+            pending_releases: inner.retries.owed(),
+            node_failures: inner
+                .nodes
+                .iter()
+                .zip(c.node_failures.iter())
+                .map(|(n, f)| (n.label().to_owned(), load(f)))
+                .collect(),
+            acquire_p50: c.quantile(0.5),
+            acquire_p99: c.quantile(0.99),
+        }
+    }
+}

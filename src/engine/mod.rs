@@ -1,0 +1,161 @@
+//! The engine: I/O and tasks. Everything here takes the manager's inner
+//! state ([`Inner`]) and never the face ([`crate::api`]).
+//!
+//! - [`node`]: one node's connections (one per Tokio runtime), reconnection
+//!   with the backoff of [`timing`], the server's identity;
+//! - [`round`]: the fan-out of one request to every node, and [`inflight`],
+//!   which of a round's requests may still run;
+//! - [`acquire`]: the attempt loop and the grant; [`extend`], [`verify`],
+//!   [`release`] (the release round, its retry queue, the cleanup of a
+//!   cancelled attempt), [`fence`] (fencing tokens);
+//! - [`watchdog`]: the renewal task behind each guard;
+//! - [`wait`]: waiting for a release (the waiter registry and the pub/sub
+//!   link per node);
+//! - [`counters`] and [`health`]: what the manager did, and the nodes'
+//!   report;
+//! - [`config`]: the settings the builder produces.
+
+use std::sync::Arc;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use crate::engine::config::Config;
+use crate::engine::counters::Counters;
+use crate::engine::node::Node;
+use crate::engine::retries::Retries;
+use crate::engine::wait::registry::Waits;
+use crate::protocol::error::{Error, NodeError};
+use crate::protocol::generation::Generation;
+use crate::protocol::keys;
+use crate::protocol::tally::Tally;
+use crate::protocol::timing::{self, Ttl};
+use crate::trace;
+
+pub(crate) mod acquire;
+pub(crate) mod config;
+pub(crate) mod counters;
+pub(crate) mod extend;
+pub(crate) mod fence;
+pub(crate) mod health;
+pub(crate) mod inflight;
+pub(crate) mod lock;
+pub(crate) mod node;
+pub(crate) mod release;
+pub(crate) mod retries;
+pub(crate) mod round;
+#[cfg(feature = "tls")]
+pub(crate) mod tls;
+pub(crate) mod verify;
+pub(crate) mod wait;
+pub(crate) mod watchdog;
+
+/// The state of a manager, shared by its clones ([`crate::Redlock`] holds
+/// an `Arc` of it) and held weakly by its background tasks.
+#[derive(Debug)]
+pub(crate) struct Inner {
+    pub(crate) nodes: Vec<Arc<Node>>,
+    pub(crate) config: Config,
+    /// Admission for the watchdogs' renewals; see `renew_concurrency`.
+    pub(crate) renewals: tokio::sync::Semaphore,
+    /// Releases owed to nodes that could not be reached.
+    pub(crate) retries: Retries,
+    /// Set once a round found two entries of the node list on one server.
+    pub(crate) misconfigured: OnceLock<Error>,
+    /// Set once every node was tried once; see [`Inner::warm_up`].
+    pub(crate) warmed: tokio::sync::OnceCell<()>,
+    /// What the manager did; see [`Redlock::stats`](crate::Redlock::stats).
+    pub(crate) stats: Counters,
+    /// The generation markers and the restart guard.
+    pub(crate) generation: Generation,
+    /// The waiters and the release subscriptions; see [`wait`].
+    pub(crate) waits: Waits,
+}
+
+impl Inner {
+    /// Remembers a configuration error; every later call fails with it.
+    pub(crate) fn misconfigure(&self, error: Error) {
+        if self.misconfigured.get().is_none() {
+            trace::error!(%error, "the node list names one server twice; every call will fail");
+            let _ = self.misconfigured.set(error);
+        }
+    }
+
+    /// Before the first round of a manager, connects to every node at once
+    /// and waits until each connected or failed (each bounded by the connect
+    /// timeout). A cold start then costs one parallel connect instead of
+    /// counting against the node timeout, and every node's identity is known
+    /// before anything is counted: a server named twice is refused at the
+    /// first call, not at some later one.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe: a dropped warm-up is started again by the next round.
+    pub(crate) async fn warm_up(&self) {
+        self.warmed
+            .get_or_init(|| async {
+                let made =
+                    futures::future::join_all(self.nodes.iter().map(|n| n.connection())).await;
+                for (index, made) in made.into_iter().enumerate() {
+                    let node = &self.nodes[index];
+                    match made {
+                        Err(NodeError::SameServer {
+                            other_index,
+                            other_node,
+                        }) => self.misconfigure(Error::DuplicateNode {
+                            index,
+                            node: node.label().to_owned(),
+                            first: other_index,
+                            first_node: other_node,
+                        }),
+                        Ok(_) if node.persistent() == Some(false) => {
+                            trace::warning!(
+                                node = node.label(),
+                                "the node runs without AOF persistence: if it restarts, it forgets \
+                                 the locks it held; run it with appendonly yes and appendfsync \
+                                 always, or delay its restarts past the largest ttl"
+                            );
+                        }
+                        _ => {}
+                    }
+                }
+            })
+            .await;
+    }
+
+    /// The Redis key of a resource.
+    pub(crate) fn key(&self, resource: &str) -> String {
+        keys::lock_key(&self.config.key_prefix, resource)
+    }
+
+    /// Fails with the configuration error a round found, if any.
+    pub(crate) fn configured(&self) -> Result<(), Error> {
+        match self.misconfigured.get() {
+            Some(e) => Err(e.clone()),
+            None => Ok(()),
+        }
+    }
+
+    /// Remembers a configuration error a round found.
+    pub(crate) fn note(&self, tally: &Tally) {
+        if let Some(error) = tally.same_server_error() {
+            self.misconfigure(error);
+        }
+    }
+
+    /// Validates the arguments of an acquisition.
+    pub(crate) fn check(&self, resources: &[&str], ttl: Duration) -> Result<Ttl, Error> {
+        self.configured()?;
+        keys::check_resources(resources)?;
+        self.ttl(ttl)
+    }
+
+    /// Validates a ttl, including against the restart guard's `max_ttl`.
+    pub(crate) fn ttl(&self, ttl: Duration) -> Result<Ttl, Error> {
+        timing::checked_ttl(ttl, self.config.drift_factor, self.generation.guard)
+    }
+
+    /// The renewal interval for a ttl: the configured one, or ttl / 3.
+    pub(crate) fn renew_interval(&self, ttl: Duration) -> Result<Duration, Error> {
+        let config = &self.config;
+        timing::renew_interval(ttl, config.drift_factor, config.renew_interval)
+    }
+}

@@ -1,0 +1,453 @@
+//! The link of one node: the task that owns the manager's subscription
+//! connection to that node, subscribes the channels the waiters need,
+//! delivers the release messages to the registry ([`super::registry`]),
+//! keeps the manager's registrations in the keys' waiting hashes, and
+//! reconnects after a break. See the [module docs](super) for the protocol.
+
+use std::collections::HashSet;
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+
+use super::state::{Shared, Status, deliver, set_status, wake_all};
+use crate::engine::node::Node;
+use crate::protocol::keys;
+use crate::protocol::request::register;
+use crate::protocol::timing::{FIRST_BACKOFF, next_backoff};
+
+/// The most channels one `SUBSCRIBE` names.
+const BATCH: usize = 512;
+
+/// The pause before a node whose subscription was denied is asked again.
+const DENIED_PAUSE: Duration = Duration::from_secs(30);
+
+/// The bound on each call a link makes on its node (a subscription, an
+/// unsubscription): [`CALL_SLICES`] timer slices of this, 5 s on a runtime
+/// that keeps up. Past it, the connection counts as broken and is made
+/// again: a node that hangs (paused, or a network that drops packets) ends
+/// the link's session instead of holding it for ever. The slices are
+/// counted, not the time: a slice counts once its timer fired, however
+/// late, so on a runtime too busy to poll the link (ten thousand waiters
+/// starting at once on two cores) the bound stretches with it, and a busy
+/// process is not taken for a hung node (a broken session wakes every
+/// waiter, which would only add to the load).
+const CALL_SLICE: Duration = Duration::from_millis(100);
+
+/// See [`CALL_SLICE`].
+const CALL_SLICES: u32 = 50;
+
+/// The bound on a batch of registrations (sent on the node's ordinary
+/// connection, not awaited by the link).
+const SIDE_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// The most batches of registrations (and passed-on releases) waiting to
+/// be sent to one node; past that, a batch is dropped (a registration is
+/// sent again at the next renewal; a release passed on is then published
+/// by its releaser's hand-off check, [`HANDOFF_CHECK`](crate::protocol::timing::HANDOFF_CHECK)).
+const SIDE_QUEUE: usize = 64;
+
+/// Why a link's connection ended.
+enum Ended {
+    /// The manager is gone.
+    Closed,
+    /// The node denied a subscription (ACL).
+    Denied,
+    /// Connecting failed, or the connection broke.
+    Broken,
+}
+
+/// The task behind one node's subscription connection: connects, subscribes
+/// every channel that has waiters, then delivers messages and follows the
+/// channels' changes, until the connection breaks (then again, after a
+/// backoff) or the manager is dropped (it holds only a weak reference).
+pub(super) async fn run_link(shared: Weak<Shared>, index: usize, mut changes: mpsc::Receiver<()>) {
+    let mut backoff = FIRST_BACKOFF;
+    // Whether a session of this link was up before: when the next one comes
+    // up, every waiter tries once more (a release may have come while the
+    // subscription was down).
+    let mut was_up = false;
+    loop {
+        let Some(node) = shared.upgrade().map(|s| s.nodes[index].clone()) else {
+            return;
+        };
+        // Whether this session came up: only then does its end wake the
+        // waiters and reset the backoff (a node that stays down must not
+        // wake every waiter at each reconnection attempt).
+        let mut up = false;
+        let ended = match node.pubsub().await {
+            Err(_) => Ended::Broken,
+            Ok(pubsub) => {
+                let ended = serve(&shared, index, pubsub, &mut changes, was_up, &mut up).await;
+                if up {
+                    backoff = FIRST_BACKOFF;
+                    was_up = true;
+                }
+                ended
+            }
+        };
+        let pause = match ended {
+            Ended::Closed => return,
+            Ended::Denied => DENIED_PAUSE,
+            Ended::Broken => backoff,
+        };
+        let Some(strong) = shared.upgrade() else {
+            return;
+        };
+        set_status(&strong, index, Status::Down);
+        if up {
+            wake_all(&strong.lock());
+        }
+        drop(strong);
+        crate::trace::debug!(
+            node = node.label(),
+            denied = matches!(ended, Ended::Denied),
+            ?pause,
+            "release subscriptions unavailable; waiters use the timed retry"
+        );
+        tokio::select! {
+            _ = tokio::time::sleep(pause) => {}
+            _ = async { while changes.recv().await.is_some() {} } => return,
+        }
+        backoff = next_backoff(backoff);
+    }
+}
+
+/// `work`, bounded by [`CALL_SLICES`] slices of [`CALL_SLICE`]: a call
+/// that does not finish within them counts as a broken connection.
+async fn bounded<F>(work: F) -> Result<(), Ended>
+where
+    F: std::future::Future<Output = Result<(), Ended>>,
+{
+    let mut work = std::pin::pin!(work);
+    for _ in 0..CALL_SLICES {
+        if let Ok(done) = tokio::time::timeout(CALL_SLICE, work.as_mut()).await {
+            return done;
+        }
+    }
+    Err(Ended::Broken)
+}
+
+/// Aborts the session's task that sends registrations when the session
+/// ends: a node that hangs must not keep a queue of them alive.
+struct AbortOnDrop(JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Runs one subscription connection until it ends. `was_up`: an earlier
+/// session of the link was up (then every waiter tries once more when this
+/// one is); `up` is set once this one is.
+async fn serve(
+    shared: &Weak<Shared>,
+    index: usize,
+    pubsub: redis::aio::PubSub,
+    changes: &mut mpsc::Receiver<()>,
+    was_up: bool,
+    up: &mut bool,
+) -> Ended {
+    let (mut sink, mut stream) = pubsub.split();
+    let Some(Begin {
+        wanted,
+        node,
+        id,
+        lease,
+    }) = begin(shared, index)
+    else {
+        return Ended::Closed;
+    };
+    // This manager's channels for the keys it is named the successor of
+    // end in this.
+    let own_suffix = keys::successor_channel(b"", &id);
+    // Registrations, their removals and passed-on releases go out in order
+    // from a task of their own, so that this one keeps reading messages.
+    // Their order against the subscriptions does not matter for safety: a
+    // release that names this manager where it is not subscribed reaches
+    // nobody, and is then published for every manager. The queue is
+    // bounded, and the task ends with the session.
+    let (side, mut queued) = mpsc::channel::<Vec<redis::Cmd>>(SIDE_QUEUE);
+    let _sender = AbortOnDrop(tokio::spawn({
+        let node = node.clone();
+        async move {
+            while let Some(cmds) = queued.recv().await {
+                queue_commands(&node, cmds).await;
+            }
+        }
+    }));
+    let mut session = Session {
+        actual: HashSet::new(),
+        owned: HashSet::new(),
+        named: true,
+    };
+    let subscribed = subscribe(shared, index, &mut sink, &mut session, &side, wanted);
+    if let Err(ended) = subscribed.await {
+        return ended;
+    }
+    let Some(strong) = shared.upgrade() else {
+        return Ended::Closed;
+    };
+    set_status(&strong, index, Status::Up);
+    if was_up {
+        // Made again: a release may have come while it was down.
+        wake_all(&strong.lock());
+    }
+    drop(strong);
+    *up = true;
+    let mut renew = tokio::time::interval_at((Instant::now() + lease / 3).into(), lease / 3);
+    renew.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        let step = tokio::select! {
+            message = stream.next() => {
+                let Some(message) = message else {
+                    return Ended::Broken;
+                };
+                on_message(shared, &message, &own_suffix, &side)
+            }
+            _ = renew.tick() => {
+                let cmds = session
+                    .owned
+                    .iter()
+                    .map(|c| register::register(c, &id, lease))
+                    .collect();
+                let _ = side.try_send(cmds);
+                Ok(())
+            }
+            change = changes.recv() => {
+                if change.is_none() {
+                    return Ended::Closed;
+                }
+                on_changes(shared, index, &mut sink, &mut session, &side, &id).await
+            }
+        };
+        if let Err(ended) = step {
+            return ended;
+        }
+    }
+}
+
+/// The start of a session: the channels wanted now (every one is
+/// subscribed by the session, so the changes noted so far are covered),
+/// the node, this manager's id and its registrations' lease. `None` when
+/// the manager is gone.
+fn begin(shared: &Weak<Shared>, index: usize) -> Option<Begin> {
+    let s = shared.upgrade()?;
+    let mut state = s.lock();
+    let link = &mut state.links[index];
+    link.dirty.clear();
+    link.resync = false;
+    let wanted: Vec<Vec<u8>> = state.channels.keys().cloned().collect();
+    drop(state);
+    Some(Begin {
+        wanted,
+        node: s.nodes[index].clone(),
+        id: s.id.clone(),
+        lease: s.lease,
+    })
+}
+
+/// What a session starts from; see [`begin`].
+struct Begin {
+    wanted: Vec<Vec<u8>>,
+    node: Arc<Node>,
+    id: String,
+    lease: Duration,
+}
+
+/// A release message on one of the session's channels: delivered to the
+/// registry; a release that named this manager with no waiter of its key
+/// left here is published again for every manager.
+fn on_message(
+    shared: &Weak<Shared>,
+    message: &redis::Msg,
+    own_suffix: &[u8],
+    side: &mpsc::Sender<Vec<redis::Cmd>>,
+) -> Result<(), Ended> {
+    let Some(strong) = shared.upgrade() else {
+        return Err(Ended::Closed);
+    };
+    let Ok(mut channel) = message.get_channel::<Vec<u8>>() else {
+        return Ok(());
+    };
+    let named = channel.ends_with(own_suffix);
+    if named {
+        channel.truncate(channel.len() - own_suffix.len());
+    }
+    let orphan = deliver(&strong, &channel, message.get_payload_bytes(), named);
+    drop(strong);
+    if let Some(hash) = orphan {
+        // Named, with no waiter left here: every manager is
+        // told instead, on the key's channel.
+        let _ = side.try_send(vec![register::publish(&channel, &hash)]);
+    }
+    Ok(())
+}
+
+/// The channels whose wanted state changed: confirms those still
+/// subscribed to their new waiters, unsubscribes those nobody wants (out
+/// of the waiting hashes first), and subscribes the new ones.
+async fn on_changes(
+    shared: &Weak<Shared>,
+    index: usize,
+    sink: &mut redis::aio::PubSubSink,
+    session: &mut Session,
+    side: &mpsc::Sender<Vec<redis::Cmd>>,
+    id: &str,
+) -> Result<(), Ended> {
+    let Some(strong) = shared.upgrade() else {
+        return Err(Ended::Closed);
+    };
+    let (add, remove): (Vec<_>, Vec<_>) = {
+        let mut state = strong.lock();
+        let link = &mut state.links[index];
+        let resync = std::mem::take(&mut link.resync);
+        let mut batch = std::mem::take(&mut link.dirty);
+        if resync {
+            batch.extend(state.channels.keys().cloned());
+            batch.extend(session.actual.iter().cloned());
+        }
+        // A channel wanted again before its unsubscription went
+        // out is still subscribed here: confirm it to the new
+        // waiters.
+        let mut confirmed = false;
+        for c in batch.iter().filter(|c| session.actual.contains(*c)) {
+            if let Some(entry) = state.channels.get_mut(c) {
+                confirmed |= !entry.subscribed[index];
+                entry.subscribed[index] = true;
+            }
+        }
+        let split = batch
+            .into_iter()
+            .filter(|c| state.channels.contains_key(c) != session.actual.contains(c))
+            .partition(|c| state.channels.contains_key(c));
+        drop(state);
+        if confirmed {
+            strong.changed.notify_waiters();
+        }
+        split
+    };
+    drop(strong);
+    for chunk in remove.chunks(BATCH) {
+        // Out of the waiting hashes (sent first, not awaited): a
+        // release that still names this manager once it is
+        // unsubscribed reaches nobody there, drops the
+        // registration and is published for every manager.
+        let cmds = chunk.iter().map(|c| register::unregister(c, id)).collect();
+        let _ = side.try_send(cmds);
+        let mut names = chunk.to_vec();
+        for c in chunk {
+            if session.owned.remove(c) {
+                names.push(keys::successor_channel(c, id));
+            }
+        }
+        let unsubscribed =
+            bounded(async { sink.unsubscribe(names).await.map_err(|_| Ended::Broken) });
+        unsubscribed.await?;
+        for c in chunk {
+            session.actual.remove(c);
+        }
+    }
+    subscribe(shared, index, sink, session, side, add).await
+}
+
+/// Sends `cmds` to the node on its ordinary connection in one pipeline,
+/// within [`SIDE_TIMEOUT`], ignoring the replies: a registration that fails (an
+/// ACL, a node down) only means that releases there do not name this
+/// manager, and its waiters are woken as before the registration.
+async fn queue_commands(node: &Node, cmds: Vec<redis::Cmd>) {
+    if cmds.is_empty() {
+        return;
+    }
+    let mut pipe = redis::pipe();
+    for cmd in cmds {
+        pipe.add_command(cmd).ignore();
+    }
+    let _ = tokio::time::timeout(SIDE_TIMEOUT, async {
+        if let Ok(conn) = node.connection().await {
+            let mut conn = conn.conn;
+            let _: Result<(), _> = pipe.query_async(&mut conn).await;
+        }
+    })
+    .await;
+}
+
+/// What one subscription connection has subscribed.
+struct Session {
+    /// The keys' release channels.
+    actual: HashSet<Vec<u8>>,
+    /// The keys' release channels whose own channel (this manager's, for
+    /// that key) is subscribed too, and which are registered in the key's
+    /// waiting hash: the registrations the link renews.
+    owned: HashSet<Vec<u8>>,
+    /// Whether own channels are still asked for: false once the node denied
+    /// one (an ACL that allows the keys' channels only).
+    named: bool,
+}
+
+/// Subscribes `channels` (keys' release channels) in batches and marks
+/// them confirmed on node `index`; then, while `session.named`, subscribes
+/// this manager's own channels for those keys
+/// ([`keys::successor_channel`]) and registers it in the keys' waiting
+/// hashes (after the subscription: a release that names it must reach it).
+/// A node that denies the own channels turns `named` false: its releases
+/// then wake every manager.
+async fn subscribe(
+    shared: &Weak<Shared>,
+    index: usize,
+    sink: &mut redis::aio::PubSubSink,
+    session: &mut Session,
+    side: &mpsc::Sender<Vec<redis::Cmd>>,
+    channels: Vec<Vec<u8>>,
+) -> Result<(), Ended> {
+    let denied = |e: redis::RedisError| {
+        if e.code() == Some("NOPERM") {
+            Ended::Denied
+        } else {
+            Ended::Broken
+        }
+    };
+    for chunk in channels.chunks(BATCH) {
+        bounded(async { sink.subscribe(chunk).await.map_err(denied) }).await?;
+        session.actual.extend(chunk.iter().cloned());
+        let Some(strong) = shared.upgrade() else {
+            return Err(Ended::Closed);
+        };
+        {
+            let mut state = strong.lock();
+            for channel in chunk {
+                if let Some(entry) = state.channels.get_mut(channel) {
+                    entry.subscribed[index] = true;
+                }
+            }
+        }
+        strong.changed.notify_waiters();
+        if !session.named {
+            continue;
+        }
+        let (id, lease) = (strong.id.clone(), strong.lease);
+        drop(strong);
+        let own: Vec<Vec<u8>> = chunk
+            .iter()
+            .map(|c| keys::successor_channel(c, &id))
+            .collect();
+        match bounded(async { sink.subscribe(own).await.map_err(denied) }).await {
+            Ok(()) => {}
+            Err(Ended::Denied) => {
+                session.named = false;
+                continue;
+            }
+            Err(ended) => return Err(ended),
+        }
+        session.owned.extend(chunk.iter().cloned());
+        let cmds = chunk
+            .iter()
+            .map(|c| register::register(c, &id, lease))
+            .collect();
+        let _ = side.try_send(cmds);
+    }
+    Ok(())
+}

@@ -1,0 +1,244 @@
+//! Acquisition: `SET key token NX PX ttl GET` for one key,
+//! [`ACQUIRE_MANY`](crate::protocol::scripts::ACQUIRE_MANY) for several,
+//! the marked scripts under the restart guard; and, for an attempt of a
+//! caller that waits, the same `SET` with `PTTL` behind it in one pipeline,
+//! whose refusals tell when the holder's keys expire ([`Pttls`]).
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use redis::{Cmd, Value};
+
+use super::{Kind, Request, either, marked, script};
+use crate::protocol::generation::Generation;
+use crate::protocol::quorum::Reply;
+use crate::protocol::scripts;
+
+/// The request of an acquisition round: `SET key token NX PX ttl GET` for
+/// one key, [`scripts::ACQUIRE_MANY`] for several; under the restart guard,
+/// the same with the generation marker.
+pub(crate) fn request(
+    generation: &Generation,
+    keys: &[String],
+    token: &str,
+    millis: u64,
+) -> Request {
+    let guarded = generation.guard.is_some();
+    if let ([key], false) = (keys, guarded) {
+        let mut set = Cmd::new();
+        set.arg("SET")
+            .arg(key)
+            .arg(token)
+            .arg("NX")
+            .arg("PX")
+            .arg(millis)
+            .arg("GET");
+        return Request::Cmd(Arc::new(set));
+    }
+    let millis = millis.to_string();
+    let keys: Vec<&[u8]> = keys.iter().map(|k| k.as_bytes()).collect();
+    let args = [token.as_bytes(), millis.as_bytes()];
+    match (keys.len(), guarded) {
+        (1, _) => marked(generation, &scripts::SET_MARKED, &keys, &args),
+        (_, true) => marked(generation, &scripts::ACQUIRE_MANY_MARKED, &keys, &args),
+        (_, false) => script(
+            Kind::Other,
+            &scripts::ACQUIRE_MANY,
+            &scripts::ACQUIRE_MANY,
+            &keys,
+            &args,
+        ),
+    }
+}
+
+/// How the reply of [`request`] is read.
+pub(crate) fn read<'a>(
+    generation: &'a Generation,
+    token: &'a str,
+    several: bool,
+) -> impl Fn(&Value) -> Result<Reply, String> + 'a {
+    let body = move |value: &Value| {
+        if several {
+            read_acquire_many(token)(value)
+        } else {
+            read_set(token)(value)
+        }
+    };
+    either(generation, body)
+}
+
+/// Reads the reply of `SET key token NX PX ttl GET`: nil where it set the
+/// key; the value already there where it did not. Our own token there (a
+/// request sent again after its connection broke) is agreement.
+pub(crate) fn read_set(token: &str) -> impl Fn(&Value) -> Result<Reply, String> + '_ {
+    move |value| match value {
+        Value::Nil => Ok(Reply::Agreed(None)),
+        Value::BulkString(held) if held.as_slice() == token.as_bytes() => Ok(Reply::Agreed(None)),
+        Value::BulkString(held) => Ok(Reply::Refused {
+            holder: Some(held.clone()),
+        }),
+        other => Err(format!("{other:?}")),
+    }
+}
+
+/// Reads the reply of [`ACQUIRE_MANY`](crate::protocol::scripts::ACQUIRE_MANY): 1 where it set every key; the value
+/// of the first key held by another token where it set none. Our own token
+/// there (the script sent again after its connection broke) cannot come
+/// back: the script treats our keys as free.
+pub(crate) fn read_acquire_many(token: &str) -> impl Fn(&Value) -> Result<Reply, String> + '_ {
+    move |value| match value {
+        Value::Int(1) => Ok(Reply::Agreed(None)),
+        Value::BulkString(held) if held.as_slice() != token.as_bytes() => Ok(Reply::Refused {
+            holder: Some(held.clone()),
+        }),
+        other => Err(format!("{other:?}")),
+    }
+}
+
+/// The remaining times to live the nodes that refused an attempt reported:
+/// `Some(ms)`, or `None` for a key without expiry.
+#[derive(Debug, Default)]
+pub(crate) struct Pttls(Mutex<Vec<Option<u64>>>);
+
+impl Pttls {
+    pub(crate) fn push(&self, pttl: i64) {
+        let pttl = match pttl {
+            // Gone since the SET: free now.
+            -2 => Some(0),
+            -1 => None,
+            n if n >= 0 => Some(n as u64),
+            _ => return,
+        };
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).push(pttl);
+    }
+
+    /// How long until a quorum of the nodes is free, as far as these replies
+    /// tell; see [`timing::holder_expiry`](crate::protocol::timing::holder_expiry).
+    pub(crate) fn holder_expiry(&self, nodes: usize) -> Option<Duration> {
+        crate::protocol::timing::holder_expiry(
+            &self.0.lock().unwrap_or_else(|e| e.into_inner()),
+            nodes,
+        )
+    }
+}
+
+/// The acquisition of one key when the caller may wait:
+/// `SET key token NX PX ttl GET` then `PTTL key`, in one pipeline.
+pub(crate) fn waiting_request(key: &str, token: &str, millis: u64) -> Request {
+    let mut pipe = redis::pipe();
+    pipe.cmd("SET")
+        .arg(key)
+        .arg(token)
+        .arg("NX")
+        .arg("PX")
+        .arg(millis)
+        .arg("GET")
+        .cmd("PTTL")
+        .arg(key)
+        .ignore_errors();
+    Request::Pipe(Arc::new(pipe))
+}
+
+/// Reads the reply of [`waiting_request`]: the `SET`'s reply by `read`, and
+/// where it refused, the `PTTL` into `pttls` (a `PTTL` the ACL denies is
+/// left out: the expiry is then unknown).
+pub(crate) fn read_waiting<'a, F>(
+    pttls: &'a Pttls,
+    read: F,
+) -> impl Fn(&Value) -> Result<Reply, String> + 'a
+where
+    F: Fn(&Value) -> Result<Reply, String> + 'a,
+{
+    move |value| match value {
+        Value::Array(parts) if parts.len() == 2 => {
+            let reply = read(&parts[0])?;
+            if let (Reply::Refused { .. }, Value::Int(pttl)) = (&reply, &parts[1]) {
+                pttls.push(*pttl);
+            }
+            Ok(reply)
+        }
+        other => Err(format!("{other:?}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_acquire_reply_is_read_strictly() {
+        let off = Generation {
+            marker: crate::protocol::keys::marker_key(""),
+            candidate: "c".into(),
+            guard: None,
+        };
+        let read = super::read(&off, "mine", true);
+        assert_eq!(read(&Value::Int(1)), Ok(Reply::Agreed(None)));
+        assert_eq!(
+            read(&Value::BulkString(b"theirs".to_vec())),
+            Ok(Reply::Refused {
+                holder: Some(b"theirs".to_vec())
+            })
+        );
+        assert!(read(&Value::Nil).is_err());
+        assert!(read(&Value::Int(0)).is_err());
+        assert!(read(&Value::BulkString(b"mine".to_vec())).is_err());
+        let read = super::read(&off, "mine", false);
+        assert_eq!(read(&Value::Nil), Ok(Reply::Agreed(None)));
+        assert!(read(&Value::Int(1)).is_err());
+        // Under the guard the reply carries the marker's age.
+        let on = Generation {
+            guard: Some(std::time::Duration::from_secs(1)),
+            ..off.clone()
+        };
+        let read = super::read(&on, "mine", false);
+        let marked = |body: Value, age: i64| Value::Array(vec![body, Value::Int(age)]);
+        assert_eq!(read(&marked(Value::Nil, 5_000)), Ok(Reply::Agreed(None)));
+        assert!(matches!(
+            read(&marked(Value::Nil, 5)),
+            Ok(Reply::Young { healed: false, .. })
+        ));
+        assert!(read(&Value::Nil).is_err());
+    }
+
+    #[test]
+    fn pttl_replies_are_read() {
+        let pttls = Pttls::default();
+        for p in [-2, -1, 7, -5] {
+            pttls.push(p);
+        }
+        assert_eq!(
+            *pttls.0.lock().unwrap(),
+            vec![Some(0), None, Some(7)],
+            "-5 is no PTTL reply"
+        );
+    }
+
+    #[test]
+    fn the_set_reply_is_read_strictly() {
+        let read = read_set("mine");
+        assert_eq!(read(&Value::Nil), Ok(Reply::Agreed(None)));
+        assert_eq!(
+            read(&Value::BulkString(b"mine".to_vec())),
+            Ok(Reply::Agreed(None))
+        );
+        assert_eq!(
+            read(&Value::BulkString(b"theirs".to_vec())),
+            Ok(Reply::Refused {
+                holder: Some(b"theirs".to_vec())
+            })
+        );
+        assert!(read(&Value::Okay).is_err());
+    }
+
+    #[test]
+    fn the_waiting_reply_reads_the_pttl_of_refusals_only() {
+        let pttls = Pttls::default();
+        let read = read_waiting(&pttls, read_set("mine"));
+        let pair = |set: Value, pttl: i64| Value::Array(vec![set, Value::Int(pttl)]);
+        assert_eq!(read(&pair(Value::Nil, 40)), Ok(Reply::Agreed(None)));
+        assert!(read(&pair(Value::BulkString(b"theirs".to_vec()), 40)).is_ok());
+        assert!(read(&Value::Nil).is_err());
+        assert_eq!(*pttls.0.lock().unwrap(), vec![Some(40)]);
+    }
+}

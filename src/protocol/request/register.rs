@@ -1,0 +1,61 @@
+//! A waiting manager's requests about its registrations, sent by its link
+//! on each node (see [`crate::engine::wait`]): the registration in a key's
+//! waiting hash, its removal, and a release passed on to every manager.
+
+use std::time::Duration;
+
+use redis::Cmd;
+
+use crate::protocol::keys;
+use crate::protocol::scripts;
+
+/// The registration of this manager (`id`) in the waiting hash of
+/// `channel`'s key, for `lease` ([`scripts::REGISTER`]).
+pub(crate) fn register(channel: &[u8], id: &str, lease: Duration) -> redis::Cmd {
+    let mut cmd = redis::cmd("EVAL");
+    cmd.arg(scripts::REGISTER)
+        .arg(1)
+        .arg(keys::waiters_key(keys::channel_lock_key(channel)))
+        .arg(id)
+        .arg(lease.as_millis() as u64);
+    cmd
+}
+
+/// The removal of manager `id` from the waiting hash of `channel`'s key.
+pub(crate) fn unregister(channel: &[u8], id: &str) -> Cmd {
+    let mut cmd = redis::cmd("HDEL");
+    cmd.arg(keys::waiters_key(keys::channel_lock_key(channel)))
+        .arg(id);
+    cmd
+}
+
+/// A release message published again on the key's release `channel`, for
+/// every manager.
+pub(crate) fn publish(channel: &[u8], message: &[u8]) -> Cmd {
+    let mut cmd = redis::cmd("PUBLISH");
+    cmd.arg(channel).arg(message);
+    cmd
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn registrations_name_the_waiting_hash() {
+        let channel = keys::release_channel("k");
+        let cmd = register(&channel, "id", Duration::from_secs(6));
+        let args: Vec<Vec<u8>> = cmd
+            .args_iter()
+            .map(|a| match a {
+                redis::Arg::Simple(b) => b.to_vec(),
+                _ => Vec::new(),
+            })
+            .collect();
+        assert_eq!(args[2], b"1");
+        assert_eq!(args[3], keys::waiters_key(b"k"));
+        assert_eq!(args[5], b"6000");
+        let args = unregister(&channel, "id").args_iter().count();
+        assert_eq!(args, 3);
+    }
+}
