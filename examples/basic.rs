@@ -32,7 +32,7 @@ async fn main() -> Result<(), Error> {
         .await?;
     println!(
         "locked {} with {:?} of validity",
-        lock.resource(),
+        lock.resources().collect::<Vec<_>>().join(", "),
         lock.validity()
     );
     // ... the work, checking lock.validity() before each step ...

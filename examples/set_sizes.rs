@@ -51,7 +51,7 @@ async fn cycle(holder: &Redlock, waiter: Option<&Redlock>, n: usize, t: &mut [Ti
     let set: Vec<String> = (0..n).map(|i| resource(&format!("size-{n}-{i}"))).collect();
     let names: Vec<&str> = set.iter().map(String::as_str).collect();
     let started = Instant::now();
-    let lock = holder.lock_many(&names, TTL).await;
+    let lock = holder.lock(&names, TTL).await;
     if waiter.is_none() {
         t[0].time(started, &lock);
     }
@@ -60,7 +60,7 @@ async fn cycle(holder: &Redlock, waiter: Option<&Redlock>, n: usize, t: &mut [Ti
         let (waiter, set) = (waiter.clone(), set.clone());
         tokio::spawn(async move {
             let names: Vec<&str> = set.iter().map(String::as_str).collect();
-            let lock = waiter.lock_many_within(&names, TTL, TTL * 2).await;
+            let lock = waiter.lock_within(&names, TTL, TTL * 2).await;
             (Instant::now(), lock.map(|lock| (waiter, lock)))
         })
     });

@@ -37,8 +37,8 @@
 //! attempt, [`Redlock::lock_within`] and [`Redlock::acquire_within`] retry
 //! for a given time. [`Redlock::verify`] asks the nodes whether a lock is
 //! still held, and [`Redlock::adopt`] rebuilds a lock handed over by another
-//! process from its resource and token. [`Redlock::lock_many`] and
-//! [`Redlock::acquire_many`] take several resources at once, all or nothing,
+//! process from its resource and token. Every acquisition call takes one
+//! resource name or several ([`Resources`]): a set is taken all or nothing,
 //! in one round (one Lua script per node), without deadlock.
 //!
 //! # The algorithm
@@ -142,13 +142,15 @@ pub use crate::api::builder::{
 };
 pub use crate::api::guard::{LockGuard, LockWatch};
 pub use crate::api::redlock::Redlock;
+pub use crate::api::resources::Resources;
 pub use crate::api::stats::Stats;
-pub use crate::engine::health::{Health, NodeHealth};
+pub use crate::engine::health::{Health, HealthWarning, NodeHealth};
 pub use crate::engine::lock::Lock;
 #[cfg(feature = "tls")]
 pub use crate::engine::tls::TlsConfig;
 pub use crate::protocol::durability::Durability;
 pub use crate::protocol::error::{Error, LossReason, NodeError, NodeFailure};
+pub use crate::protocol::error_kind::ErrorKind;
 pub use crate::protocol::keys::MAX_RESOURCES;
 pub use crate::protocol::timing::MAX_TTL;
 

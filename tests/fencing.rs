@@ -116,15 +116,12 @@ async fn many_distinct_names_leave_at_most_one_counter_key_per_node() {
         last = token;
     }
     let mut multi = redlock
-        .lock_many(&[&resource("fence-a"), &resource("fence-b")], TTL)
+        .lock(&[&resource("fence-a"), &resource("fence-b")], TTL)
         .await
         .unwrap();
     assert!(redlock.fencing_token(&multi).await.unwrap() > last);
     redlock.unlock(&multi).await.unwrap();
-    multi = redlock
-        .lock_many(&[&resource("fence-c")], TTL)
-        .await
-        .unwrap();
+    multi = redlock.lock(&[&resource("fence-c")], TTL).await.unwrap();
     redlock.unlock(&multi).await.unwrap();
     // the fencing writes to the slower nodes land on their own
     cluster.eventually(Duration::from_secs(2), |c| {

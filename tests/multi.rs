@@ -23,15 +23,72 @@ fn refs(names: &[String]) -> Vec<&str> {
     names.iter().map(String::as_str).collect()
 }
 
+/// Every acquisition call takes one name or a set, in any of the forms of
+/// `Resources`: the calls that had no set form before (`acquire_within`,
+/// `with_lock`) hold every key of the set.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_acquisition_call_takes_a_set_in_any_form() {
+    let cluster = Cluster::shared(5);
+    let redlock = cluster.redlock();
+    let set = names("grid", 2);
+    let held_everywhere = |c: &Cluster, token: &str| set.iter().all(|k| c.count(k, token) == 5);
+
+    let guard = redlock
+        .acquire_within(set.clone(), TTL, Duration::from_secs(1))
+        .await
+        .expect("acquire_within a Vec<String>");
+    let token = guard.lock().token().to_owned();
+    assert!(cluster.eventually(Duration::from_secs(2), |c| held_everywhere(c, &token)));
+    guard.release().await.expect("release");
+    assert!(set.iter().all(|k| cluster.nowhere(k)));
+
+    let seen = redlock
+        .with_lock(&set, TTL, |watch| async move {
+            (
+                watch.lock().resources().len(),
+                watch.lock().token().to_owned(),
+            )
+        })
+        .await
+        .expect("with_lock over &Vec<String>");
+    assert_eq!(seen.0, 2);
+    assert!(
+        set.iter().all(|k| cluster.nowhere(k)),
+        "released after the work"
+    );
+
+    let lock = redlock
+        .try_lock(&set[..], TTL)
+        .await
+        .expect("try_lock over &[String]");
+    // The same names again, as another form of set, are held.
+    let busy = redlock
+        .try_lock([set[1].as_str(), set[0].as_str()], TTL)
+        .await
+        .expect_err("held");
+    assert!(busy.is_held_elsewhere() && busy.is_retryable(), "{busy}");
+    redlock.unlock(&lock).await.expect("unlock");
+    // A set of one name is that name's lock.
+    let one = redlock
+        .try_lock([set[0].as_str()], TTL)
+        .await
+        .expect("a set of one");
+    assert!(matches!(
+        redlock.try_lock(set[0].clone(), TTL).await,
+        Err(Error::Conflict { .. })
+    ));
+    redlock.unlock(&one).await.expect("unlock");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_set_is_held_extended_checked_and_released_as_one() {
     let cluster = Cluster::shared(5);
     let redlock = cluster.redlock();
     let set = names("set", 3);
-    let lock = redlock.try_lock_many(&refs(&set), TTL).await.expect("lock");
+    let lock = redlock.try_lock(&refs(&set), TTL).await.expect("lock");
     assert_eq!(lock.resources().collect::<Vec<_>>(), refs(&set));
     assert_eq!(lock.keys().collect::<Vec<_>>(), refs(&set));
-    assert_eq!(lock.resource(), set[0]);
+    assert_eq!(lock.resources().len(), set.len());
     for name in &set {
         assert!(
             cluster.eventually(Duration::from_secs(2), |c| c.count(name, lock.token()) == 5),
@@ -58,7 +115,7 @@ async fn extend_heals_a_set_and_fails_as_a_whole_when_one_key_is_taken() {
     let cluster = Cluster::shared(5);
     let redlock = cluster.redlock();
     let (x, y) = (resource("heal-x"), resource("heal-y"));
-    let lock = redlock.try_lock_many(&[&x, &y], TTL).await.expect("lock");
+    let lock = redlock.try_lock(&[&x, &y], TTL).await.expect("lock");
     assert!(cluster.eventually(Duration::from_secs(2), |c| c.count(&y, lock.token()) == 5));
     // y lost on a minority (a node restarted empty, say): the renewal puts
     // it back.
@@ -105,7 +162,7 @@ async fn a_cancelled_set_acquisition_leaves_nothing_behind() {
     let set = names("cancelled", 50);
     let names = refs(&set);
     for micros in [0, 100, 300, 1_000] {
-        let attempt = redlock.try_lock_many(&names, TTL);
+        let attempt = redlock.try_lock(&names, TTL);
         if let Ok(Ok(lock)) = tokio::time::timeout(Duration::from_micros(micros), attempt).await {
             redlock.unlock(&lock).await.unwrap();
         }
@@ -126,24 +183,24 @@ async fn bad_requests_are_refused_before_anything_is_sent() {
     let redlock = cluster.redlock();
     let a = resource("bad");
     assert!(matches!(
-        redlock.lock_many(&[], TTL).await,
+        redlock.lock(&[] as &[&str], TTL).await,
         Err(Error::NoResources)
     ));
     assert!(matches!(
-        redlock.lock_many(&[&a, "b", &a], TTL).await,
+        redlock.lock(&[&a, "b", &a], TTL).await,
         Err(Error::DuplicateResource { resource }) if resource == a
     ));
     assert!(matches!(
-        redlock.try_lock_many(&[&a, ""], TTL).await,
+        redlock.try_lock(&[&a, ""], TTL).await,
         Err(Error::EmptyResource)
     ));
     let many: Vec<String> = (0..=MAX_RESOURCES).map(|i| format!("{a}-{i}")).collect();
     assert!(matches!(
-        redlock.try_lock_many(&refs(&many), TTL).await,
+        redlock.try_lock(&refs(&many), TTL).await,
         Err(Error::TooManyResources { count, .. }) if count == MAX_RESOURCES + 1
     ));
     assert!(matches!(
-        redlock.acquire_many(&[], TTL).await,
+        redlock.acquire(Vec::<String>::new(), TTL).await,
         Err(Error::NoResources)
     ));
     assert_eq!(cluster.values(&a), vec![None; 3], "nothing was sent");
@@ -156,12 +213,12 @@ async fn a_single_lock_and_a_set_that_contains_it_exclude_each_other() {
     let (x, y) = (resource("single-x"), resource("single-y"));
 
     let single = a.try_lock(&x, TTL).await.expect("single");
-    let err = b.try_lock_many(&[&y, &x], TTL).await.expect_err("refused");
+    let err = b.try_lock(&[&y, &x], TTL).await.expect_err("refused");
     assert!(matches!(err, Error::Conflict { held: 3.., .. }), "{err}");
     assert_eq!(cluster.values(&y), vec![None; 5], "nothing left behind");
     a.unlock(&single).await.unwrap();
 
-    let set = b.try_lock_many(&[&y, &x], TTL).await.expect("set");
+    let set = b.try_lock(&[&y, &x], TTL).await.expect("set");
     for name in [&x, &y] {
         let err = a.try_lock(name, TTL).await.expect_err("refused");
         assert!(matches!(err, Error::Conflict { .. }), "{err}");
@@ -178,10 +235,7 @@ async fn held_on_a_minority_the_set_is_granted_and_leaves_nothing_behind() {
     let (x, y) = (resource("minority-x"), resource("minority-y"));
     cluster.plant(&[0, 1], &y, "someone-else", TTL);
 
-    let lock = redlock
-        .try_lock_many(&[&x, &y], TTL)
-        .await
-        .expect("granted");
+    let lock = redlock.try_lock(&[&x, &y], TTL).await.expect("granted");
     // Nodes 0 and 1 set nothing, not even x: all or nothing per node.
     assert!(cluster.eventually(Duration::from_secs(2), |c| {
         c.values(&x)
@@ -215,7 +269,7 @@ async fn held_on_a_majority_the_set_is_refused_and_leaves_nothing_behind() {
     cluster.plant(&[1, 2, 4], &z, "someone-else", TTL);
 
     let err = redlock
-        .try_lock_many(&[&x, &y, &z], TTL)
+        .try_lock(&[&x, &y, &z], TTL)
         .await
         .expect_err("refused");
     assert!(
@@ -263,7 +317,7 @@ async fn overlapping_sets_exclude_each_other_without_deadlock() {
             for _ in 0..ROUNDS {
                 let set = &sets[rand::rng().random_range(0..3)];
                 let lock = loop {
-                    match redlock.lock_many(&refs(set), Duration::from_secs(5)).await {
+                    match redlock.lock(&refs(set), Duration::from_secs(5)).await {
                         Ok(lock) => break lock,
                         Err(Error::Conflict { .. }) => continue,
                         Err(e) => panic!("task {t}: {e}"),
@@ -310,7 +364,7 @@ async fn the_largest_set_allowed_works() {
     let redlock = cluster.redlock();
     let set = names("thousand", MAX_RESOURCES);
     let started = Instant::now();
-    let lock = redlock.try_lock_many(&refs(&set), TTL).await.expect("lock");
+    let lock = redlock.try_lock(&refs(&set), TTL).await.expect("lock");
     let took = started.elapsed();
     assert!(redlock.verify(&lock).await.expect("verify"));
     let fence = redlock.fencing_token(&lock).await.expect("fence");
@@ -329,7 +383,7 @@ async fn the_guard_renews_every_resource() {
     let redlock = cluster.redlock();
     let set = names("guard", 2);
     let ttl = Duration::from_millis(600);
-    let guard = redlock.acquire_many(&refs(&set), ttl).await.expect("guard");
+    let guard = redlock.acquire(&refs(&set), ttl).await.expect("guard");
     tokio::time::sleep(ttl * 3).await;
     assert!(guard.is_held(), "renewed past its first ttl");
     let token = guard.lock().token().to_owned();
@@ -354,7 +408,7 @@ async fn a_set_fences_above_every_resource_and_every_later_holder_above_it() {
         redlock.unlock(&lock).await.unwrap();
     }
     assert_eq!(on_y, 3);
-    let set = redlock.try_lock_many(&[&x, &y], TTL).await.unwrap();
+    let set = redlock.try_lock(&[&x, &y], TTL).await.unwrap();
     let fenced = redlock.fencing_token(&set).await.unwrap();
     assert_eq!(fenced, 4, "above y's counter");
     redlock.unlock(&set).await.unwrap();
@@ -507,7 +561,7 @@ async fn node_redlock_and_this_crate_exclude_each_other_on_sets() {
             && cl.count(&b, &value) == 5),
         "same key layout: the key is the resource name"
     );
-    let err = redlock.try_lock_many(&[&b, &c], TTL).await.unwrap_err();
+    let err = redlock.try_lock(&[&b, &c], TTL).await.unwrap_err();
     assert!(matches!(err, Error::Conflict { held: 3.., .. }), "{err}");
     assert!(matches!(
         redlock.try_lock(&a, TTL).await,
@@ -523,7 +577,7 @@ async fn node_redlock_and_this_crate_exclude_each_other_on_sets() {
     assert!(gone(&[&a, &b]), "node-redlock released everywhere");
 
     // We hold {b, c}: node-redlock's set on {a, b} and on {c} are refused.
-    let lock = redlock.try_lock_many(&[&b, &c], TTL).await.expect("ours");
+    let lock = redlock.try_lock(&[&b, &c], TTL).await.expect("ours");
     let answer = node.ask(&format!("acquire {a},{b} {ttl}")).await;
     assert!(answer.starts_with("refused"), "{answer}");
     let answer = node.ask(&format!("acquire {c} {ttl}")).await;
@@ -567,11 +621,11 @@ async fn the_largest_set_is_extended_fenced_and_released_with_a_contender_waitin
     let (holder, waiter) = (default_timeouts(), default_timeouts());
     for trial in 0..3 {
         let set = names(&format!("contended-{trial}"), MAX_RESOURCES);
-        let lock = holder.try_lock_many(&refs(&set), TTL).await.expect("lock");
+        let lock = holder.try_lock(&refs(&set), TTL).await.expect("lock");
         let waiting = {
             let (waiter, set) = (waiter.clone(), set.clone());
             tokio::spawn(async move {
-                let lock = waiter.lock_many_within(&refs(&set), TTL, TTL * 2).await?;
+                let lock = waiter.lock_within(&refs(&set), TTL, TTL * 2).await?;
                 Ok::<_, Error>(lock.token().to_owned())
             })
         };
@@ -630,7 +684,7 @@ async fn an_unanswered_release_of_a_set_is_owed_once() {
     redlock_harness::warm(&redlock).await;
     let set = names("owed", MAX_RESOURCES);
     cluster.node(2).pause();
-    let lock = redlock.try_lock_many(&refs(&set), TTL).await.expect("lock");
+    let lock = redlock.try_lock(&refs(&set), TTL).await.expect("lock");
     let unlocked = redlock.unlock(&lock).await;
     let owed = redlock.pending_releases();
     cluster.node(2).resume();

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use redlock_harness::{Cluster, RedisServer, resource};
-use redlock_quorum::{Error, Redlock};
+use redlock_quorum::{Error, HealthWarning, Redlock};
 
 const TTL: Duration = Duration::from_secs(10);
 
@@ -105,20 +105,34 @@ async fn health_reports_persistence_roles_and_down_nodes() {
         without_down.health().await.quorum_reachable,
         "2 masters of 3 are a quorum"
     );
-    let warnings = health.warnings.join("\n");
+    let warnings = &health.warnings;
     assert!(
-        warnings.contains(&format!("{} is a replica", r.node)),
-        "{warnings}"
+        warnings.contains(&HealthWarning::Replica {
+            node: r.node.clone()
+        }),
+        "{warnings:?}"
     );
     assert!(
-        warnings.contains(&format!("{} runs without AOF", n.node)),
-        "{warnings}"
+        warnings.contains(&HealthWarning::NoPersistence {
+            node: n.node.clone()
+        }),
+        "{warnings:?}"
     );
     assert!(
-        !warnings.contains(&format!("{} runs without AOF", p.node)),
-        "{warnings}"
+        !warnings.contains(&HealthWarning::NoPersistence {
+            node: p.node.clone()
+        }),
+        "{warnings:?}"
     );
-    assert!(warnings.contains("even number"), "{warnings}");
+    assert!(
+        warnings.contains(&HealthWarning::EvenNodeCount { nodes: 4 }),
+        "{warnings:?}"
+    );
+    // Each prints as a sentence.
+    let text: Vec<String> = warnings.iter().map(ToString::to_string).collect();
+    let text = text.join("\n");
+    assert!(text.contains(&format!("{} is a replica", r.node)), "{text}");
+    assert!(text.contains("even number"), "{text}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

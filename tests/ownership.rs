@@ -260,6 +260,22 @@ async fn verify_checks_the_holder_and_adopt_rebuilds_a_lock_from_its_token() {
     ));
     assert!(cluster.eventually(Duration::from_secs(5), |c| c.count(&res, lock.token()) == 5));
     assert!(matches!(b.adopt("", "t"), Err(Error::EmptyResource)));
-    assert!(b.adopt(&res, "").is_err());
+    assert!(matches!(b.adopt(&res, ""), Err(Error::InvalidToken { .. })));
+    // A short token is shown in part, without panicking.
+    let short = b.adopt(&res, "abc").unwrap();
+    assert!(format!("{short:?}").contains("abc…"));
     a.unlock(&lock).await.unwrap();
+
+    // A set is adopted by its names, in the holder's order.
+    let (x, y) = (resource("adopt-x"), resource("adopt-y"));
+    let set = a.try_lock([&x, &y], TTL).await.unwrap();
+    let adopted = b.adopt([&x, &y], set.token()).unwrap();
+    assert_eq!(adopted.resources().collect::<Vec<_>>(), [&x, &y]);
+    assert!(b.verify(&adopted).await.unwrap());
+    assert_eq!(b.unlock(&adopted).await.unwrap(), 5);
+    assert!(cluster.nowhere(&x) && cluster.nowhere(&y));
+    assert!(matches!(
+        b.adopt([&x, &x], "t"),
+        Err(Error::DuplicateResource { .. })
+    ));
 }

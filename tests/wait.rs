@@ -826,7 +826,7 @@ async fn a_wake_up_a_set_waiter_cannot_use_goes_to_the_next_waiter_of_the_key() 
         let (waiter, k1, k2) = (waiter.clone(), k1.clone(), k2.clone());
         tokio::spawn(async move {
             let lock = waiter
-                .lock_many_within(&[&k1, &k2], TTL, Duration::from_secs(60))
+                .lock_within(&[&k1, &k2], TTL, Duration::from_secs(60))
                 .await;
             (lock, Instant::now())
         })
@@ -885,7 +885,7 @@ async fn a_named_manager_that_cannot_use_a_release_hands_it_to_the_others() {
         let (waiter, k1, k2) = (set_manager.clone(), k1.clone(), k2.clone());
         tokio::spawn(async move {
             waiter
-                .lock_many_within(&[&k1, &k2], TTL, Duration::from_secs(120))
+                .lock_within(&[&k1, &k2], TTL, Duration::from_secs(120))
                 .await
         })
     };

@@ -486,7 +486,7 @@ async fn two_resources(
 ) -> Option<(Duration, Duration)> {
     let start = Instant::now();
     if many {
-        let lock = redlock.try_lock_many(&[x, y], TTL).await.ok()?;
+        let lock = redlock.try_lock(&[x, y], TTL).await.ok()?;
         let acquired = start.elapsed();
         redlock.unlock(&lock).await.ok()?;
         Some((acquired, start.elapsed()))

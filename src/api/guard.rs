@@ -31,11 +31,6 @@ impl LockWatch {
         self.rx.borrow().lock.clone()
     }
 
-    /// The resource name.
-    pub fn resource(&self) -> String {
-        self.rx.borrow().lock.resource.clone()
-    }
-
     /// The instant the validity ends; it moves forward with each renewal.
     pub fn expires_at(&self) -> Instant {
         self.rx.borrow().lock.expires_at
@@ -229,7 +224,7 @@ impl LockGuard {
     /// Cancel-safe: the release runs in the watchdog task and completes even
     /// if this future is dropped.
     pub async fn release(mut self) -> Result<usize, Error> {
-        let resource = self.watch.resource();
+        let resource = self.watch.rx.borrow().lock.label().into_owned();
         let (tx, rx) = oneshot::channel();
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(Stop::Release(Some(tx)));

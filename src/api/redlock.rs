@@ -14,12 +14,14 @@ use std::time::{Duration, Instant};
 use crate::api::address::NodeAddress;
 use crate::api::builder::RedlockBuilder;
 use crate::api::guard::{LockGuard, LockWatch};
+use crate::api::resources::Resources;
 use crate::api::stats::Stats;
 use crate::engine::Inner;
 use crate::engine::health::Health;
 use crate::engine::inflight::InFlight;
-use crate::engine::lock::Lock;
+use crate::engine::lock::{Held, Lock};
 use crate::protocol::error::Error;
+use crate::protocol::keys;
 use crate::protocol::quorum::quorum;
 use crate::protocol::timing::{self, Patience};
 
@@ -123,13 +125,16 @@ impl Redlock {
     }
 
     #[doc = include_str!("docs/lock.md")]
-    pub async fn lock(&self, resource: &str, ttl: Duration) -> Result<Lock, Error> {
+    pub async fn lock(&self, resources: impl Resources, ttl: Duration) -> Result<Lock, Error> {
         let patience = Patience::Retries(self.inner.config.retry_count);
-        self.inner.lock_patiently(&[resource], ttl, patience).await
+        let names = resources.names();
+        self.inner
+            .lock_patiently(names.as_slice(), ttl, patience)
+            .await
     }
 
-    /// Acquires `resource` for `ttl` with one attempt: it does not wait for
-    /// another holder. It does settle a split vote (see
+    /// Acquires `resources` (one name or a set) for `ttl` with one attempt:
+    /// it does not wait for another holder. It does settle a split vote (see
     /// [`lock`](Redlock::lock)): among contenders that start together,
     /// exactly one gets the lock and the others get [`Error::Conflict`].
     ///
@@ -138,78 +143,51 @@ impl Redlock {
     ///
     /// # Cancel safety
     /// As [`lock`](Redlock::lock): dropping the future leaves no key behind.
-    pub async fn try_lock(&self, resource: &str, ttl: Duration) -> Result<Lock, Error> {
+    pub async fn try_lock(&self, resources: impl Resources, ttl: Duration) -> Result<Lock, Error> {
+        let names = resources.names();
         self.inner
-            .lock_patiently(&[resource], ttl, Patience::Retries(0))
+            .lock_patiently(names.as_slice(), ttl, Patience::Retries(0))
             .await
     }
 
     #[doc = include_str!("docs/lock_within.md")]
     pub async fn lock_within(
         &self,
-        resource: &str,
+        resources: impl Resources,
         ttl: Duration,
         wait: Duration,
     ) -> Result<Lock, Error> {
         let patience = Patience::Until(timing::after(Instant::now(), wait));
-        self.inner.lock_patiently(&[resource], ttl, patience).await
-    }
-
-    #[doc = include_str!("docs/lock_many.md")]
-    pub async fn lock_many(&self, resources: &[&str], ttl: Duration) -> Result<Lock, Error> {
-        let patience = Patience::Retries(self.inner.config.retry_count);
-        self.inner.lock_patiently(resources, ttl, patience).await
-    }
-
-    /// Acquires every resource of `resources` with one attempt: the set of
-    /// [`lock_many`](Redlock::lock_many), the patience of
-    /// [`try_lock`](Redlock::try_lock).
-    ///
-    /// # Errors
-    /// As [`lock_many`](Redlock::lock_many), without the retries.
-    ///
-    /// # Cancel safety
-    /// As [`lock_many`](Redlock::lock_many).
-    pub async fn try_lock_many(&self, resources: &[&str], ttl: Duration) -> Result<Lock, Error> {
+        let names = resources.names();
         self.inner
-            .lock_patiently(resources, ttl, Patience::Retries(0))
+            .lock_patiently(names.as_slice(), ttl, patience)
             .await
-    }
-
-    /// Acquires every resource of `resources`, waiting at most about `wait`
-    /// for other holders: the set of [`lock_many`](Redlock::lock_many), the
-    /// patience of [`lock_within`](Redlock::lock_within).
-    ///
-    /// # Errors
-    /// As [`lock_many`](Redlock::lock_many).
-    ///
-    /// # Cancel safety
-    /// As [`lock_many`](Redlock::lock_many).
-    pub async fn lock_many_within(
-        &self,
-        resources: &[&str],
-        ttl: Duration,
-        wait: Duration,
-    ) -> Result<Lock, Error> {
-        let patience = Patience::Until(timing::after(Instant::now(), wait));
-        self.inner.lock_patiently(resources, ttl, patience).await
     }
 
     #[doc = include_str!("docs/acquire.md")]
-    pub async fn acquire(&self, resource: &str, ttl: Duration) -> Result<LockGuard, Error> {
+    pub async fn acquire(
+        &self,
+        resources: impl Resources,
+        ttl: Duration,
+    ) -> Result<LockGuard, Error> {
         let patience = Patience::Retries(self.inner.config.retry_count);
-        self.acquire_patiently(resource, ttl, patience).await
-    }
-
-    #[doc = include_str!("docs/try_acquire.md")]
-    pub async fn try_acquire(&self, resource: &str, ttl: Duration) -> Result<LockGuard, Error> {
-        self.acquire_patiently(resource, ttl, Patience::Retries(0))
+        self.acquire_patiently(resources.names().as_slice(), ttl, patience)
             .await
     }
 
-    /// Acquires `resource` with a renewing guard, waiting at most about
-    /// `wait` for another holder to let go: the guard of
-    /// [`acquire`](Redlock::acquire), the patience of
+    #[doc = include_str!("docs/try_acquire.md")]
+    pub async fn try_acquire(
+        &self,
+        resources: impl Resources,
+        ttl: Duration,
+    ) -> Result<LockGuard, Error> {
+        self.acquire_patiently(resources.names().as_slice(), ttl, Patience::Retries(0))
+            .await
+    }
+
+    /// Acquires `resources` (one name or a set) with a renewing guard,
+    /// waiting at most about `wait` for another holder to let go: the guard
+    /// of [`acquire`](Redlock::acquire), the patience of
     /// [`lock_within`](Redlock::lock_within).
     ///
     /// # Errors
@@ -219,44 +197,19 @@ impl Redlock {
     /// As [`acquire`](Redlock::acquire).
     pub async fn acquire_within(
         &self,
-        resource: &str,
+        resources: impl Resources,
         ttl: Duration,
         wait: Duration,
     ) -> Result<LockGuard, Error> {
         let patience = Patience::Until(timing::after(Instant::now(), wait));
-        self.acquire_patiently(resource, ttl, patience).await
-    }
-
-    #[doc = include_str!("docs/acquire_many.md")]
-    pub async fn acquire_many(
-        &self,
-        resources: &[&str],
-        ttl: Duration,
-    ) -> Result<LockGuard, Error> {
-        let patience = Patience::Retries(self.inner.config.retry_count);
-        self.acquire_many_patiently(resources, ttl, patience).await
-    }
-
-    /// [`acquire_many`](Redlock::acquire_many) with one attempt.
-    ///
-    /// # Errors
-    /// As [`acquire_many`](Redlock::acquire_many), without the retries.
-    ///
-    /// # Cancel safety
-    /// As [`acquire`](Redlock::acquire).
-    pub async fn try_acquire_many(
-        &self,
-        resources: &[&str],
-        ttl: Duration,
-    ) -> Result<LockGuard, Error> {
-        self.acquire_many_patiently(resources, ttl, Patience::Retries(0))
+        self.acquire_patiently(resources.names().as_slice(), ttl, patience)
             .await
     }
 
     #[doc = include_str!("docs/with_lock.md")]
     pub async fn with_lock<F, Fut, T>(
         &self,
-        resource: &str,
+        resources: impl Resources,
         ttl: Duration,
         work: F,
     ) -> Result<T, Error>
@@ -264,7 +217,7 @@ impl Redlock {
         F: FnOnce(LockWatch) -> Fut,
         Fut: Future<Output = T>,
     {
-        let guard = self.acquire(resource, ttl).await?;
+        let guard = self.acquire(resources, ttl).await?;
         // Boxed so that it can be dropped before the release on loss.
         let mut work = Box::pin(work(guard.watch()));
         let outcome = tokio::select! {
@@ -283,9 +236,10 @@ impl Redlock {
             },
             Err(reason) => Err(reason),
         };
+        let guard_label = guard.watch().lock().label().into_owned();
         let _ = guard.release().await;
         outcome.map_err(|reason| Error::LockLost {
-            resource: resource.to_owned(),
+            resource: guard_label,
             reason,
         })
     }
@@ -354,7 +308,8 @@ impl Redlock {
         self.inner.verify(lock).await
     }
 
-    /// Rebuilds a lock from its resource and token, handed over by the
+    /// Rebuilds a lock from its resources (one name or the set) and token,
+    /// handed over by the
     /// process that acquired it (redsync's `WithValue`): for
     /// [`unlock`](Redlock::unlock), [`extend`](Redlock::extend) and
     /// [`verify`](Redlock::verify) only. Its validity is unknown here
@@ -383,23 +338,21 @@ impl Redlock {
     /// ```
     ///
     /// # Errors
-    /// [`Error::EmptyResource`], or [`Error::InvalidSetting`] for an empty
+    /// The name errors of [`lock`](Redlock::lock) ([`Error::EmptyResource`]
+    /// and, for a set, the others), or [`Error::InvalidToken`] for an empty
     /// token.
-    pub fn adopt(&self, resource: &str, token: &str) -> Result<Lock, Error> {
-        if resource.is_empty() {
-            return Err(Error::EmptyResource);
-        }
+    pub fn adopt(&self, resources: impl Resources, token: &str) -> Result<Lock, Error> {
+        let names = resources.names();
+        let names = names.as_slice();
+        keys::check_resources(names)?;
         if token.is_empty() {
-            return Err(Error::InvalidSetting {
-                setting: "token",
-                reason: "an adopted lock needs the token its holder gave it",
+            return Err(Error::InvalidToken {
+                reason: "it is empty: an adopted lock needs the token its holder gave it",
             });
         }
         let now = Instant::now();
         Ok(Lock {
-            resource: resource.to_owned(),
-            key: self.inner.key(resource),
-            rest: Vec::new(),
+            held: Held::list(names, |name| self.inner.key(name)),
             token: token.to_owned(),
             started_at: now,
             expires_at: now,
@@ -415,20 +368,6 @@ impl Redlock {
     }
 
     async fn acquire_patiently(
-        &self,
-        resource: &str,
-        ttl: Duration,
-        patience: Patience,
-    ) -> Result<LockGuard, Error> {
-        let interval = self.inner.renew_interval(ttl)?;
-        let lock = self
-            .inner
-            .lock_patiently(&[resource], ttl, patience)
-            .await?;
-        Ok(LockGuard::start(&self.inner, lock, ttl, interval))
-    }
-
-    async fn acquire_many_patiently(
         &self,
         resources: &[&str],
         ttl: Duration,

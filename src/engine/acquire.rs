@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use crate::engine::Inner;
 use crate::engine::counters::Ended;
-use crate::engine::lock::{Lock, new_token};
+use crate::engine::lock::{Held, Lock, new_token};
 use crate::engine::release::{Cleanup, release_with};
 use crate::engine::round::{self, InFlight, Round, Until};
 use crate::engine::wait::registration::Registration;
@@ -24,7 +24,7 @@ use crate::trace::{self, InSpan};
 
 impl Inner {
     /// Acquisition of one resource or several with the given patience; see
-    /// [`lock`](crate::Redlock::lock) and [`lock_many`](crate::Redlock::lock_many).
+    /// [`lock`](crate::Redlock::lock).
     pub(crate) async fn lock_patiently(
         self: &Arc<Self>,
         resources: &[&str],
@@ -102,7 +102,7 @@ impl Inner {
                     }
                     return Ok(lock);
                 }
-                Err((e, outcome)) if !last && is_retryable(&e) => {
+                Err((e, outcome)) if !last && e.is_retryable() => {
                     trace::debug!(attempt = retries, error = %e, "attempt failed; waiting");
                     outcome
                 }
@@ -256,15 +256,20 @@ impl Inner {
         .await;
         self.note(&tally);
         let outcome = tally.outcome();
-        match self.grant(resources[0], &keys[0], &token, ttl, start, tally) {
+        let held = || {
+            resources
+                .iter()
+                .zip(&keys)
+                .map(|(resource, key)| Held {
+                    resource: (*resource).to_owned(),
+                    key: key.clone(),
+                })
+                .collect()
+        };
+        match self.grant(held, &token, ttl, start, tally) {
             Ok(mut lock) => {
                 cleanup.disarm();
                 lock.in_flight = in_flight;
-                lock.rest = resources[1..]
-                    .iter()
-                    .map(|r| (*r).to_owned())
-                    .zip(keys[1..].iter().cloned())
-                    .collect();
                 Ok(lock)
             }
             Err(failed) => {
@@ -296,10 +301,10 @@ impl Inner {
     }
 
     /// Turns a round into a lock when a quorum agreed with validity left.
+    /// `held` makes the lock's resources and keys, called only for a grant.
     pub(crate) fn grant(
         self: &Arc<Self>,
-        resource: &str,
-        key: &str,
+        held: impl FnOnce() -> Arc<[Held]>,
         token: &str,
         ttl: Ttl,
         start: Instant,
@@ -324,9 +329,7 @@ impl Inner {
             });
         }
         Ok(Lock {
-            resource: resource.to_owned(),
-            key: key.to_owned(),
-            rest: Vec::new(),
+            held: held(),
             token: token.to_owned(),
             started_at: start,
             expires_at: ttl.expires_at(start),
@@ -387,13 +390,4 @@ impl Failed {
             },
         }
     }
-}
-
-/// Whether `lock` tries again after this error: contention and nodes that
-/// did not answer may pass; a misconfiguration or a wrong key type will not.
-fn is_retryable(e: &Error) -> bool {
-    matches!(
-        e,
-        Error::Conflict { .. } | Error::NoQuorum { .. } | Error::ValidityExpired { .. }
-    )
 }

@@ -62,7 +62,7 @@ impl Inner {
             healed.sort_unstable();
             healed.dedup();
         }
-        let granted = self.grant(&lock.resource, &lock.key, &lock.token, ttl, start, tally);
+        let granted = self.grant(|| lock.held.clone(), &lock.token, ttl, start, tally);
         // The re-check at the grant: a round that ends after the lock's
         // validity ran out must not bring the lock back. Between its
         // `expires_at` and now another client may have taken the resource,
@@ -91,7 +91,6 @@ impl Inner {
         match granted {
             Ok(mut extended) => {
                 extended.in_flight = in_flight;
-                extended.rest = lock.rest.clone();
                 Ok(extended)
             }
             Err(failed) => {

@@ -48,8 +48,54 @@ pub struct Health {
     /// writes, so it does not count.
     pub quorum_reachable: bool,
     /// What weakens the guarantees: a replica in the node list, a node
-    /// without persistence, an even number of nodes.
-    pub warnings: Vec<String>,
+    /// without persistence, an even number of nodes. Each prints as a
+    /// sentence (`Display`).
+    pub warnings: Vec<HealthWarning>,
+}
+
+/// Something in the deployment that weakens the guarantees, found by
+/// [`Redlock::health`](crate::Redlock::health).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum HealthWarning {
+    /// A node in the list is a replica: Redlock needs independent masters,
+    /// and a replica takes no writes.
+    Replica {
+        /// The node's address, without credentials.
+        node: String,
+    },
+    /// A node runs without AOF persistence: if it restarts, it forgets the
+    /// locks it held (see the restart guard).
+    NoPersistence {
+        /// The node's address, without credentials.
+        node: String,
+    },
+    /// An even number of nodes tolerates no more failures than one node
+    /// fewer.
+    EvenNodeCount {
+        /// How many nodes the manager has.
+        nodes: usize,
+    },
+}
+
+impl std::fmt::Display for HealthWarning {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            HealthWarning::Replica { node } => write!(
+                f,
+                "{node} is a replica: Redlock needs independent masters (replication is not a quorum)"
+            ),
+            HealthWarning::NoPersistence { node } => write!(
+                f,
+                "{node} runs without AOF persistence: if it restarts, it forgets the locks it held"
+            ),
+            HealthWarning::EvenNodeCount { nodes } => write!(
+                f,
+                "{nodes} nodes: an even number tolerates no more failures than {}",
+                nodes - 1
+            ),
+        }
+    }
 }
 
 impl Inner {
@@ -116,24 +162,18 @@ impl Inner {
         let mut warnings = Vec::new();
         for n in &nodes {
             if n.role.as_deref() == Some("slave") {
-                warnings.push(format!(
-                    "{} is a replica: Redlock needs independent masters (replication is not a quorum)",
-                    n.node
-                ));
+                warnings.push(HealthWarning::Replica {
+                    node: n.node.clone(),
+                });
             }
             if n.appendonly == Some(false) {
-                warnings.push(format!(
-                    "{} runs without AOF persistence: if it restarts, it forgets the locks it held",
-                    n.node
-                ));
+                warnings.push(HealthWarning::NoPersistence {
+                    node: n.node.clone(),
+                });
             }
         }
         if nodes.len().is_multiple_of(2) {
-            warnings.push(format!(
-                "{} nodes: an even number tolerates no more failures than {}",
-                nodes.len(),
-                nodes.len() - 1
-            ));
+            warnings.push(HealthWarning::EvenNodeCount { nodes: nodes.len() });
         }
         Health {
             quorum_reachable: writable >= quorum(nodes.len()),

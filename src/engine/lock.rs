@@ -2,6 +2,7 @@
 
 use std::borrow::Cow;
 use std::fmt;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::engine::inflight::InFlight;
@@ -40,22 +41,17 @@ pub(crate) fn new_token() -> Result<String, Error> {
 /// instant the first request of the round was sent, minus the clock drift
 /// allowance; see [`validity`](Lock::validity).
 ///
-/// One handle serves one resource or several: a lock from
-/// [`Redlock::lock_many`](crate::Redlock::lock_many) holds every resource
-/// of its set under one token, and `extend`, `unlock`, `verify`,
-/// `fencing_token` and the watchdog act on the whole set at once.
-/// [`resource`](Lock::resource) and [`key`](Lock::key) name the first
-/// resource; [`resources`](Lock::resources) and [`keys`](Lock::keys) name
-/// them all.
+/// One handle serves one resource or several: a lock on a set (any
+/// [`Resources`](crate::Resources) with several names) holds every resource
+/// under one token, and `extend`, `unlock`, `verify`, `fencing_token` and
+/// the watchdog act on the whole set at once. [`resources`](Lock::resources)
+/// and [`keys`](Lock::keys) list them, one for a single resource.
 #[derive(Clone)]
 pub struct Lock {
-    /// The first (for a single-resource lock, the only) resource.
-    pub(crate) resource: String,
-    pub(crate) key: String,
-    /// The other resources of a multi-resource lock with their keys, in the
-    /// order given; empty for one resource (an empty `Vec` allocates
-    /// nothing, so single locks pay 24 bytes for it).
-    pub(crate) rest: Vec<(String, String)>,
+    /// Every resource with its key, in the order given (one for a single
+    /// resource). Shared: the watchdog's and the extensions' copies of a
+    /// lock clone a pointer.
+    pub(crate) held: Arc<[Held]>,
     pub(crate) token: String,
     pub(crate) started_at: Instant,
     pub(crate) expires_at: Instant,
@@ -71,54 +67,54 @@ pub struct Lock {
     pub(crate) adopted: bool,
 }
 
+/// One resource of a lock and the Redis key that holds it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Held {
+    pub(crate) resource: String,
+    pub(crate) key: String,
+}
+
+impl Held {
+    /// The resources `names` with their keys made by `key`.
+    pub(crate) fn list(names: &[&str], key: impl Fn(&str) -> String) -> Arc<[Held]> {
+        names
+            .iter()
+            .map(|name| Held {
+                resource: (*name).to_owned(),
+                key: key(name),
+            })
+            .collect()
+    }
+}
+
 impl PartialEq for Lock {
     /// Two locks are equal when they are the same grant (or extension) of the
     /// same token.
     fn eq(&self, other: &Self) -> bool {
-        (
-            &self.resource,
-            &self.key,
-            &self.rest,
-            &self.token,
-            self.started_at,
-            self.expires_at,
-        ) == (
-            &other.resource,
-            &other.key,
-            &other.rest,
-            &other.token,
-            other.started_at,
-            other.expires_at,
-        )
+        (&self.held, &self.token, self.started_at, self.expires_at)
+            == (
+                &other.held,
+                &other.token,
+                other.started_at,
+                other.expires_at,
+            )
     }
 }
 
 impl Eq for Lock {}
 
 impl Lock {
-    /// The resource name that was locked; for a lock on several resources,
-    /// the first one given.
-    pub fn resource(&self) -> &str {
-        &self.resource
-    }
-
     /// Every resource name the lock holds, in the order given: one for a
-    /// lock from [`Redlock::lock`](crate::Redlock::lock), the whole set for
-    /// one from [`Redlock::lock_many`](crate::Redlock::lock_many).
-    pub fn resources(&self) -> impl Iterator<Item = &str> + Clone + '_ {
-        std::iter::once(self.resource.as_str()).chain(self.rest.iter().map(|(r, _)| r.as_str()))
-    }
-
-    /// The Redis key that holds the lock: the manager's key prefix followed by
-    /// the resource name. For a lock on several resources, the first one's.
-    pub fn key(&self) -> &str {
-        &self.key
+    /// single resource, the whole set for several.
+    pub fn resources(&self) -> impl ExactSizeIterator<Item = &str> + Clone + '_ {
+        self.held.iter().map(|h| h.resource.as_str())
     }
 
     /// Every Redis key the lock holds, in the order of
-    /// [`resources`](Lock::resources).
-    pub fn keys(&self) -> impl Iterator<Item = &str> + Clone + '_ {
-        std::iter::once(self.key.as_str()).chain(self.rest.iter().map(|(_, k)| k.as_str()))
+    /// [`resources`](Lock::resources): the manager's key prefix followed by
+    /// the resource name.
+    pub fn keys(&self) -> impl ExactSizeIterator<Item = &str> + Clone + '_ {
+        self.held.iter().map(|h| h.key.as_str())
     }
 
     /// The keys as a list, for a request.
@@ -128,10 +124,10 @@ impl Lock {
 
     /// The name errors and traces give the lock: the resource (borrowed, so
     /// a single lock's unlock allocates nothing for it), or the resources
-    /// as [`keys::label`] names them.
+    /// as `keys::label` names them.
     pub(crate) fn label(&self) -> Cow<'_, str> {
-        if self.rest.is_empty() {
-            return Cow::Borrowed(&self.resource);
+        if let [one] = &self.held[..] {
+            return Cow::Borrowed(&one.resource);
         }
         Cow::Owned(keys::label(&self.resources().collect::<Vec<_>>()).into_owned())
     }
@@ -174,15 +170,12 @@ impl fmt::Debug for Lock {
         // Only a prefix of the token: a full token in a log line would let
         // anyone who reads the log release the lock.
         let mut shown = f.debug_struct("Lock");
+        let resources: Vec<&str> = self.resources().collect();
+        shown.field("resources", &resources);
+        // By characters: an adopted token may be short, or not ASCII.
+        let prefix: String = self.token.chars().take(8).collect();
         shown
-            .field("resource", &self.resource)
-            .field("key", &self.key);
-        if !self.rest.is_empty() {
-            let more: Vec<&str> = self.resources().skip(1).collect();
-            shown.field("more", &more);
-        }
-        shown
-            .field("token", &format_args!("{}…", &self.token[..8]))
+            .field("token", &format_args!("{prefix}…"))
             .field("validity", &self.validity())
             .field("adopted", &self.adopted)
             .finish()
@@ -212,9 +205,7 @@ mod tests {
         let token = new_token().unwrap();
         let now = Instant::now();
         let lock = Lock {
-            resource: "r".into(),
-            key: "r".into(),
-            rest: Vec::new(),
+            held: Held::list(&["r"], str::to_owned),
             token: token.clone(),
             started_at: now,
             expires_at: now,

@@ -108,7 +108,7 @@ async fn watchdog(
             // The wait counts against the deadline, which the select below
             // still watches.
             let _permit = inner.renewals.acquire().await;
-            let span = trace::span!("renewal", resource = %current.resource);
+            let span = trace::span!("renewal", resource = %current.label());
             // Boxed: the renewal's state lives on the heap only while it
             // runs, so that a sleeping guard's task stays small.
             let renewal = Box::pin(inner.extend(&current, ttl).in_span(span));
@@ -144,7 +144,7 @@ async fn watchdog(
                     // less validity than that is left, report the loss now
                     // rather than at the deadline.
                     let error = e.to_string();
-                    trace::debug!(resource = %current.resource, %error, "renewal failed; retrying");
+                    trace::debug!(resource = %current.label(), %error, "renewal failed; retrying");
                     state.send_modify(|s| s.last_error = Some(error.clone()));
                     let now = Instant::now();
                     if expires_at.saturating_duration_since(now) <= config.node_timeout {
@@ -156,7 +156,7 @@ async fn watchdog(
                 }
             },
         };
-        trace::warning!(resource = %current.resource, reason = %lost, "lock lost");
+        trace::warning!(resource = %current.label(), reason = %lost, "lock lost");
         inner.stats.lost();
         state.send_modify(|s| s.lost = Some(lost));
         break (&mut stop).await.ok();

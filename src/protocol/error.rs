@@ -6,6 +6,12 @@ use std::time::Duration;
 /// Everything that can go wrong when building a [`Redlock`](crate::Redlock)
 /// or taking, extending and releasing a lock.
 ///
+/// [`kind`](Error::kind) sorts the variants (held elsewhere, unavailable,
+/// lost, refused, configuration, arguments);
+/// [`is_retryable`](Error::is_retryable) and
+/// [`is_held_elsewhere`](Error::is_held_elsewhere) answer the two questions
+/// callers ask most.
+///
 /// Variants that come from a quorum round carry the numbers a caller needs to
 /// understand it: how many nodes agreed, how many were required, and what each
 /// failing node said.
@@ -245,6 +251,14 @@ pub enum Error {
         count: usize,
         /// The limit.
         max: usize,
+    },
+
+    /// [`Redlock::adopt`](crate::Redlock::adopt) was given a token no
+    /// holder can have: an empty one.
+    #[error("invalid token to adopt: {reason}")]
+    InvalidToken {
+        /// What is wrong with it.
+        reason: &'static str,
     },
 
     /// The operating system's random number generator failed, so no token

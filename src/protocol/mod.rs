@@ -12,10 +12,12 @@
 //! - [`scripts`]: the Lua text;
 //! - [`generation`]: the generation markers and the restart guard's rule;
 //! - [`durability`]: the durability setting and its confirmation command;
-//! - [`error`]: the errors every layer names.
+//! - [`error`]: the errors every layer names, and [`error_kind`] their
+//!   kinds.
 
 pub(crate) mod durability;
 pub(crate) mod error;
+pub(crate) mod error_kind;
 pub(crate) mod generation;
 pub(crate) mod keys;
 pub(crate) mod quorum;
