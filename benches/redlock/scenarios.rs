@@ -506,7 +506,7 @@ async fn two_resources(
 
 pub(crate) async fn scenario_two_resources(env: &Env, report: &mut Report) {
     const TASKS: usize = 64;
-    const WAYS: [(&str, bool); 2] = [("lock_many([x, y])", true), ("lock(x); lock(y)", false)];
+    const WAYS: [(&str, bool); 2] = [("lock([x, y])", true), ("lock(x); lock(y)", false)];
     let redlock = Redlock::new(env.urls.iter().map(String::as_str)).unwrap();
     let n = env.rounds(2000, 300);
     let mut samples: [(Samples, Samples); 2] = Default::default();

@@ -113,7 +113,7 @@ pub struct Cfg {
     pub extend_recheck: bool,
     /// The lock keys of each client, as a bit mask over the keys K0 and K1
     /// (`KEYS`): 0b01 a lock on K0 (`lock`), 0b11 a lock on the set
-    /// {K0, K1} (`lock_many`, scripts `ACQUIRE_MANY` / `EXTEND_MANY` /
+    /// {K0, K1} (`lock` given a set, scripts `ACQUIRE_MANY` / `EXTEND_MANY` /
     /// `UNLOCK_MANY`). A client not listed locks K0: an empty list is the
     /// single-resource model.
     pub keys: Vec<u8>,
