@@ -9,7 +9,7 @@
 #   LockGuard, LockWatch, Stats);
 # - no import circle between the library's files, but for the builder and
 #   the face (api/builder.rs and api/redlock.rs import each other);
-# - no library file in src/ (src/bin/ aside) is over 550 lines.
+# - no file in src/ (the command's in src/bin/ included) is over 550 lines.
 #
 # Comment lines (`//`, `///`, `//!`) are skipped: a doc link may point
 # anywhere. Grouped imports (`use crate::{api::x, ...}`) are followed across
@@ -128,9 +128,9 @@ cycles="$(find src -name '*.rs' -not -path 'src/bin/*' | sort | awk '
 ')"
 report "import circles between library files:" "$cycles"
 
-long="$(find src -name '*.rs' -not -path 'src/bin/*' -print0 | xargs -0 wc -l |
+long="$(find src -name '*.rs' -print0 | xargs -0 wc -l |
   awk -v max="$max_lines" '$2 != "total" && $1 > max { printf "%s: %d lines\n", $2, $1 }')"
-report "library files over $max_lines lines:" "$long"
+report "files in src/ (the command's included) over $max_lines lines:" "$long"
 
 if [ "$status" -eq 0 ]; then
   files="$(find src -name '*.rs' -not -path 'src/bin/*' | wc -l)"

@@ -9,11 +9,11 @@
 //!
 //! Each rule names the function in `src/` that implements it. The
 //! generation markers, the restart guard and the generation-checked fencing
-//! read (issue 11) are implemented in `src/generation.rs`, `src/scripts.rs`
-//! and `src/fence.rs`; this model was their specification first (see
+//! read (issue 11) are implemented in `src/protocol/generation.rs`, `src/protocol/scripts.rs`
+//! and `src/engine/fence.rs`; this model was their specification first (see
 //! README.md). Issue 21's shared counter (one fencing counter per node for
 //! every name, `Resync`, `Cfg::other_fences`) was modeled before it was
-//! implemented in `src/fence.rs`.
+//! implemented in `src/engine/fence.rs`.
 //!
 //! Properties (see [`LockModel::properties`]):
 //! - `mutual exclusion`: at no instant do two clients whose locks share a
@@ -39,7 +39,7 @@ use stateright::{Checker, Model, Path, Property};
 pub enum Fencing {
     /// No fencing actions.
     Off,
-    /// Today's `Redlock::fencing_token` (src/fence.rs): read the counters
+    /// Today's `Redlock::fencing_token` (src/engine/fence.rs): read the counters
     /// of a quorum where the lock is ours, take the largest plus one, raise
     /// a quorum to it. Every answer counts toward the read quorum.
     WriteBack,
@@ -55,7 +55,7 @@ pub enum Fencing {
 
 /// How a node whose fencing counter is untrusted (missing, bare, or from an
 /// earlier generation) becomes trusted again: the shared counter of issue
-/// 21 (one counter per node for every name, src/fence.rs).
+/// 21 (one counter per node for every name, src/engine/fence.rs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Resync {
     /// The design: a write stores the largest of the node's value and the
@@ -101,7 +101,7 @@ pub struct Cfg {
     /// Node clocks may run fast (one extra tick per `ttl` ticks).
     pub fast_clocks: bool,
     /// The lock is dropped at `expires_at` even when an extend round is
-    /// still running (the watchdog, src/watchdog.rs `watchdog`). When
+    /// still running (the watchdog, src/engine/watchdog.rs `watchdog`). When
     /// false, a direct `Redlock::extend` may finish after the lock it was
     /// called with expired.
     pub watchdog: bool,
@@ -567,7 +567,7 @@ impl LockModel {
     }
 
     /// Whether client `c` believes it holds the lock: its own clock is
-    /// before the lock's `expires_at` (`Lock::is_valid`, src/lock.rs;
+    /// before the lock's `expires_at` (`Lock::is_valid`, src/engine/lock.rs;
     /// `timing::Ttl::expires_at`), and it has not released.
     pub fn believes(&self, s: &State, c: usize) -> bool {
         matches!(s.clients[c].phase, Phase::Holding { exp, .. } if s.now < exp)
@@ -610,7 +610,7 @@ impl LockModel {
         };
         let kind = match m.body {
             // One key: `SET key token NX PX ttl GET` (redlock.rs
-            // `round_once`, scripts.rs `read_set`): nil or our own token is
+            // `round_once` in src/engine/acquire.rs, `read_set` in src/protocol/request/acquire.rs): nil or our own token is
             // agreement, and our own key keeps its expiry. A set: scripts.rs
             // `ACQUIRE_MANY`: a key held by another token refuses and sets
             // nothing; otherwise every key is set with the ttl, ours too.
@@ -784,7 +784,7 @@ impl LockModel {
         s.clients[c].rid += 1;
     }
 
-    /// Acquisition (`Redlock::round_once`): a fresh token, `SET NX PX` to
+    /// Acquisition (`Inner::round_once`, src/engine/acquire.rs): a fresh token, `SET NX PX` to
     /// every node.
     fn acquire(&self, s: &mut State, c: usize) {
         s.next_tok += 1;
