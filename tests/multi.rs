@@ -117,10 +117,11 @@ async fn extend_heals_a_set_and_fails_as_a_whole_when_one_key_is_taken() {
     let (x, y) = (resource("heal-x"), resource("heal-y"));
     let lock = redlock.try_lock(&[&x, &y], TTL).await.expect("lock");
     assert!(cluster.eventually(Duration::from_secs(2), |c| c.count(&y, lock.token()) == 5));
-    // y lost on a minority (a node restarted empty, say): the renewal puts
-    // it back.
+    // The set lost on a minority (nodes restarted empty, say): the renewal
+    // puts it back.
     for i in [0, 1] {
         let _: () = redis::cmd("DEL")
+            .arg(&x)
             .arg(&y)
             .query(&mut cluster.conn(i))
             .unwrap();
@@ -130,9 +131,26 @@ async fn extend_heals_a_set_and_fails_as_a_whole_when_one_key_is_taken() {
         .await
         .expect("extend on a quorum");
     assert!(
-        cluster.eventually(Duration::from_secs(2), |c| c.count(&y, lock.token()) == 5),
+        cluster.eventually(Duration::from_secs(2), |c| {
+            c.count(&x, lock.token()) == 5 && c.count(&y, lock.token()) == 5
+        }),
         "healed"
     );
+    // Part of the set gone on a minority (y alone deleted: the set was
+    // taken apart there): those nodes do not count and are left as they
+    // are; the others extend.
+    for i in [0, 1] {
+        let _: () = redis::cmd("DEL")
+            .arg(&y)
+            .query(&mut cluster.conn(i))
+            .unwrap();
+    }
+    let lock = redlock
+        .extend(&lock, TTL)
+        .await
+        .expect("extend on the quorum that holds the whole set");
+    assert!(cluster.eventually(Duration::from_secs(2), |c| c.count(&y, lock.token()) == 3));
+    assert_eq!(cluster.count(&x, lock.token()), 5);
     // y taken by another holder on a majority: the set is not ours any
     // more, as a whole.
     for i in [0, 1, 2] {
@@ -152,6 +170,60 @@ async fn extend_heals_a_set_and_fails_as_a_whole_when_one_key_is_taken() {
     assert_eq!(cluster.values(&x), vec![None; 5]);
     assert_eq!(cluster.count(&y, "thief"), 3);
     assert_eq!(cluster.count(&y, lock.token()), 0);
+}
+
+/// A failed extension of a set deletes no key that was ours before it.
+/// Before, a set with one key missing on a node was "healed" there (every
+/// key written again), and the failed extension then released every key
+/// of those nodes: another manager that adopted the holder's token with a
+/// set one name larger deleted the holder's whole valid lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_extension_of_a_set_deletes_no_key_that_was_ours() {
+    let cluster = Cluster::shared(5);
+    let holder = cluster.redlock();
+    let other = cluster.redlock();
+    let set = names("kept", 3);
+    let extra = resource("kept-extra");
+    let lock = holder.try_lock(&set, TTL).await.expect("lock");
+    assert!(cluster.eventually(Duration::from_secs(2), |c| {
+        set.iter().all(|k| c.count(k, lock.token()) == 5)
+    }));
+    // Adopted with a name the holder never locked.
+    let mut larger = set.clone();
+    larger.push(extra.clone());
+    let adopted = other.adopt(&larger, lock.token()).expect("adopt");
+    let err = other
+        .extend(&adopted, Duration::from_secs(50))
+        .await
+        .expect_err("not the holder's set");
+    assert!(matches!(err, Error::NotHeld { .. }), "{err}");
+    for key in &set {
+        assert_eq!(cluster.count(key, lock.token()), 5, "{key} kept");
+        assert!(
+            cluster.pttls(key).iter().all(|&t| t > 0 && t <= 10_000),
+            "{key} keeps its ttl: {:?}",
+            cluster.pttls(key)
+        );
+    }
+    assert!(cluster.nowhere(&extra), "nothing set for the extra name");
+    assert!(holder.verify(&lock).await.expect("verify"));
+    // One key of the holder's set freed everywhere: its own failed
+    // extension leaves the other keys as they were.
+    for i in 0..5 {
+        let _: () = redis::cmd("DEL")
+            .arg(&set[2])
+            .query(&mut cluster.conn(i))
+            .unwrap();
+    }
+    let err = holder
+        .extend(&lock, TTL)
+        .await
+        .expect_err("part of the set is free");
+    assert!(matches!(err, Error::NotHeld { .. }), "{err}");
+    assert_eq!(cluster.count(&set[0], lock.token()), 5);
+    assert_eq!(cluster.count(&set[1], lock.token()), 5);
+    assert!(cluster.nowhere(&set[2]));
+    holder.unlock(&lock).await.expect("unlock");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

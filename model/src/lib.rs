@@ -626,19 +626,23 @@ impl LockModel {
                     Kind::Ok
                 }
             },
-            // scripts.rs `EXTEND` / `EXTEND_MANY`: a key held by another
-            // token → 0, nothing changed; otherwise every key is set to ours
-            // with the ttl: 1 when each was ours, 2 when any was missing
-            // (set again, "healed").
+            // src/protocol/scripts.rs `EXTEND` / `EXTEND_MANY`: a key held
+            // by another token → 0, nothing changed; part of a set missing
+            // (others still ours) → 0, nothing changed; otherwise every key
+            // is set to ours with the ttl: 1 when each was ours, 2 when
+            // every key was missing (the node lost the lock: set again,
+            // "healed", so the keys a failed extension releases are only
+            // those it set).
             Body::Extend(tok) => {
-                if held_by_other(n, mask, tok).is_some() {
+                let missing = each(mask).filter(|&k| n.keys[k].is_none()).count();
+                let all = each(mask).count();
+                if held_by_other(n, mask, tok).is_some() || (missing > 0 && missing < all) {
                     Kind::NotOurs
                 } else {
-                    let missing = each(mask).any(|k| n.keys[k].is_none());
                     for k in each(mask) {
                         n.keys[k] = Some((tok, now + ttl));
                     }
-                    if missing { Kind::Healed } else { Kind::Ok }
+                    if missing > 0 { Kind::Healed } else { Kind::Ok }
                 }
             }
             // scripts.rs `UNLOCK` / `UNLOCK_MANY`: token-checked delete of

@@ -343,29 +343,37 @@ pub(crate) static ACQUIRE_MANY_MARKED: LazyLock<Script> =
     LazyLock::new(|| generation::with_marker(ACQUIRE_MANY_BODY));
 
 /// `KEYS` = the lock keys, `ARGV[1]` = token, `ARGV[2]` = ttl in
-/// milliseconds. When any key holds another value, changes nothing and
-/// returns 0. Otherwise sets every key to the token with the ttl: returns 1
-/// when each held the token, 2 when some were missing and were set again
-/// (healed, as [`EXTEND`] does).
+/// milliseconds. When any key holds another value, or some keys of the set
+/// hold the token and others are missing (part of the set was released or
+/// taken apart), changes nothing and returns 0. Otherwise sets every key to
+/// the token with the ttl: returns 1 when each held the token, 2 when every
+/// key was missing (the node lost the lock) and all were set again (healed,
+/// as [`EXTEND`] does for one key). So the keys of a node that answered 2
+/// are exactly the keys this extension set, and a failed extension that
+/// releases them deletes nothing that was ours before it.
 pub(crate) static EXTEND_MANY: LazyLock<Script> = LazyLock::new(|| Script::new(EXTEND_MANY_BODY));
 
 /// [`EXTEND_MANY`] with the generation marker (restart guard on).
 pub(crate) static EXTEND_MANY_MARKED: LazyLock<Script> =
     LazyLock::new(|| generation::with_marker(EXTEND_MANY_BODY));
 
-const EXTEND_MANY_BODY: &str = r#"local missing = false
+const EXTEND_MANY_BODY: &str = r#"local present = 0
 for _, key in ipairs(KEYS) do
     local held = redis.call("get", key)
-    if not held then
-        missing = true
-    elseif held ~= ARGV[1] then
-        return 0
+    if held then
+        if held ~= ARGV[1] then
+            return 0
+        end
+        present = present + 1
     end
+end
+if present > 0 and present < #KEYS then
+    return 0
 end
 for _, key in ipairs(KEYS) do
     redis.call("set", key, ARGV[1], "PX", ARGV[2])
 end
-if missing then
+if present == 0 then
     return 2
 end
 return 1"#;
