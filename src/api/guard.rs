@@ -236,7 +236,34 @@ impl LockGuard {
     /// without releasing them.
     pub fn forget(mut self) {
         if let Some(stop) = self.stop.take() {
-            let _ = stop.send(Stop::Forget);
+            let _ = stop.send(Stop::Forget(None));
+        }
+    }
+
+    /// Stops the renewal, waits until the watchdog has stopped, and returns
+    /// the lock as last renewed: a plain [`Lock`] to
+    /// [`extend`](crate::Redlock::extend) (to shorten or lengthen it once),
+    /// [`unlock`](crate::Redlock::unlock) or keep, with no renewal left to
+    /// land after it. A lock taken with [`lock`](LockGuard::lock) before
+    /// stopping may miss the last renewal, whose requests to slow nodes may
+    /// still be in flight: an `extend` of it could be overtaken there by
+    /// that renewal. The lock returned here knows them, and every later
+    /// request on it waits for them on each node.
+    ///
+    /// # Cancel safety
+    /// Dropping the future after it was first polled leaves the renewal
+    /// stopped and the keys to expire with their ttl, as
+    /// [`forget`](LockGuard::forget) does.
+    pub async fn stop_renewing(mut self) -> Lock {
+        let (tx, rx) = oneshot::channel();
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(Stop::Forget(Some(tx)));
+        }
+        match rx.await {
+            Ok(lock) => lock,
+            // The watchdog task is gone (its runtime shut down): nothing
+            // renews any more.
+            Err(_) => self.watch.lock(),
         }
     }
 }

@@ -48,8 +48,9 @@ impl State {
 pub(crate) enum Stop {
     /// Stop renewing, release on every node, and report the result.
     Release(Option<oneshot::Sender<Result<usize, Error>>>),
-    /// Stop renewing and leave the keys to expire.
-    Forget,
+    /// Stop renewing and leave the keys to expire; with a sender, send it
+    /// the lock as last renewed once renewing has stopped.
+    Forget(Option<oneshot::Sender<Lock>>),
 }
 
 /// Starts the watchdog of a granted lock: the guard's end of the state
@@ -163,7 +164,11 @@ async fn watchdog(
     };
 
     match command {
-        Some(Stop::Forget) => {}
+        Some(Stop::Forget(reply)) => {
+            if let Some(reply) = reply {
+                let _ = reply.send(state.borrow().lock.clone());
+            }
+        }
         // `None`: the guard went away without a word; release as on drop.
         Some(Stop::Release(reply)) => Box::pin(release_guarded(&inner, &state, reply)).await,
         None => Box::pin(release_guarded(&inner, &state, None)).await,

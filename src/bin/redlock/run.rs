@@ -237,9 +237,10 @@ async fn finish(
         }
         return;
     };
-    let lock = guard.lock();
-    // Stop the renewals first, so that none lands after the shortening.
-    guard.forget();
+    // Stop the renewals first, so that none lands after the shortening: the
+    // lock as last renewed, whose requests still in flight to slow nodes
+    // the shortening waits for on each node.
+    let lock = guard.stop_renewing().await;
     match redlock.extend(&lock, ttl_covering(left)).await {
         Ok(shortened) if hold_until.is_some_and(|until| shortened.expires_at() >= until) => {
             log.info(format_args!(
