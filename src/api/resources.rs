@@ -12,6 +12,13 @@
 /// | `"job"`, a `String` or a `&String` | one resource |
 /// | `["a", "b"]`, `&["a", "b"]`, a slice, a `Vec` of `&str` or `String` (owned or borrowed) | every name, all or nothing |
 ///
+/// The rule: one `str` or `String` (behind any number of `&`), or an
+/// array, slice or `Vec` whose items are `AsRef<str>` (`&str`, `String`,
+/// `&String`, `Box<str>`, `Arc<str>`, `Cow<str>`, …). Collect an iterator
+/// or a set into a `Vec` first: `lock(names.iter().collect::<Vec<_>>(),
+/// ttl)`. An empty literal needs its type spelled out (`&[] as &[&str]`);
+/// it is refused with [`Error::NoResources`](crate::Error::NoResources).
+///
 /// A set of one name is the same lock as that name alone. The names are
 /// checked before anything is sent: none is empty, none is given twice, and
 /// there are at most [`MAX_RESOURCES`](crate::MAX_RESOURCES).
@@ -116,6 +123,15 @@ mod tests {
         assert_eq!(names_of(&strings), ["x", "y"]);
         assert_eq!(names_of(&strings[..]), ["x", "y"]);
         assert_eq!(names_of(strings), ["x", "y"]);
+        let shared: Vec<std::sync::Arc<str>> = vec!["p".into(), "q".into()];
+        assert_eq!(names_of(&shared), ["p", "q"]);
+        let cows = [
+            std::borrow::Cow::Borrowed("c"),
+            std::borrow::Cow::Owned("d".into()),
+        ];
+        assert_eq!(names_of(cows), ["c", "d"]);
+        let boxed: Vec<Box<str>> = vec!["b".into()];
+        assert_eq!(names_of(boxed), ["b"]);
         let none: [&str; 0] = [];
         assert!(names_of(none).is_empty());
     }

@@ -105,7 +105,8 @@ impl Eq for Lock {}
 
 impl Lock {
     /// Every resource name the lock holds, in the order given: one for a
-    /// single resource, the whole set for several.
+    /// single resource, the whole set for several. To print them:
+    /// `lock.resources().collect::<Vec<_>>()`.
     pub fn resources(&self) -> impl ExactSizeIterator<Item = &str> + Clone + '_ {
         self.held.iter().map(|h| h.resource.as_str())
     }
