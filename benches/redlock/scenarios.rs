@@ -1,5 +1,5 @@
 //! The scenarios, numbered as in the report: 1 healthy, 2 per-node latency,
-//! 3 two nodes down, 4 validity, 5 throughput, 6 contention hand-off (6b waiting cost, 6c across OS processes, 6d starvation),
+//! 3 two nodes down, 4 validity, 5 throughput (5b what a cycle costs), 6 contention hand-off (6b waiting cost, 6c across OS processes, 6d starvation),
 //! 7 many guards under the watchdog, 8 two resources as one set or as two
 //! single locks.
 
