@@ -6,7 +6,13 @@
 //! cargo bench -p redlock-bench --bench redlock              # full run, a few minutes
 //! cargo bench -p redlock-bench --bench redlock -- --quick   # under a minute
 //! cargo bench -p redlock-bench --bench redlock -- --only 6,6c  # scenario 1 (the floor) and those
+//! cargo bench -p redlock-bench --bench redlock -- --profile-seconds 10  # scenario 5's loop, ours only
 //! ```
+//!
+//! `--profile-seconds N` runs nothing but scenario 5's 64 tasks for about N
+//! seconds, on one subject (`--profile-subject ours|rslock|floor`, ours by
+//! default), and prints the rate and the client's CPU per cycle: a steady
+//! load for a sampling profiler (`scripts/profile.sh`). It writes no report.
 //!
 //! Writes a table to stdout, and `target/bench/redlock.{json,md}` plus the
 //! latency chart `target/bench/redlock-latency.svg`. A full run also writes
@@ -19,6 +25,7 @@
 //! # Layout
 //! - `subjects`: ours, rslock and the raw floor, behind one interface.
 //! - `scenarios`: what is measured, scenario by scenario.
+//! - `cost`: what a cycle costs the client and the nodes (scenario 5's 5b).
 //! - `samples`: latency samples, percentiles and CDFs.
 //! - `report`: the table on stdout, and the JSON and Markdown files.
 //! - `chart`: the latency CDFs as SVG.
@@ -27,6 +34,7 @@
 
 mod chart;
 mod contend;
+mod cost;
 mod docs;
 mod heap;
 mod report;
@@ -94,11 +102,64 @@ fn main() {
         .position(|a| a == "--only")
         .and_then(|i| args.get(i + 1))
         .map(|list| list.split(',').map(str::to_owned).collect());
+    let value = |flag: &str| {
+        args.iter()
+            .position(|a| a == flag)
+            .and_then(|i| args.get(i + 1))
+            .cloned()
+    };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .unwrap();
+    if let Some(secs) = value("--profile-seconds") {
+        let secs: f64 = secs.parse().expect("--profile-seconds takes a number");
+        let who = match value("--profile-subject").as_deref() {
+            None | Some("ours") => subjects::Subject::Ours,
+            Some("rslock") => subjects::Subject::Rslock,
+            Some("floor") => subjects::Subject::Floor,
+            Some(other) => panic!("--profile-subject: ours, rslock or floor, not {other}"),
+        };
+        runtime.block_on(profile_loop(who, Duration::from_secs_f64(secs)));
+        return;
+    }
     runtime.block_on(run(quick, only, no_docs));
+}
+
+/// `--profile-seconds`: scenario 5's loop on one subject, one-second
+/// slices until `length` has passed; prints the rate and client CPU.
+async fn profile_loop(who: subjects::Subject, length: Duration) {
+    let (urls, _servers) = match redlock_harness::external_nodes() {
+        Some(urls) => (urls, Vec::new()),
+        None => {
+            let servers: Vec<RedisServer> = (0..5).map(|_| RedisServer::start()).collect();
+            (servers.iter().map(RedisServer::url).collect(), servers)
+        }
+    };
+    let s = Arc::new(Subjects::new(&urls).await);
+    println!(
+        "profiling loop: scenario 5 ({} tasks), {} only, {:.0} s; pid {}",
+        scenarios::THROUGHPUT_TASKS,
+        who.name(),
+        length.as_secs_f64(),
+        std::process::id()
+    );
+    let started = Instant::now();
+    let cpu0 = cost::cpu_time();
+    let (mut cycles, mut took, mut round) = (0, Duration::ZERO, 0);
+    while started.elapsed() < length {
+        let (n, t) = scenarios::throughput_slice(&s, who, round, Duration::from_secs(1)).await;
+        cycles += n;
+        took += t;
+        round += 1;
+    }
+    let cpu = cost::cpu_time().saturating_sub(cpu0);
+    println!(
+        "{cycles} cycles in {:.1} s: {:.0} cycles/s, client CPU {:.1} us per cycle",
+        took.as_secs_f64(),
+        cycles as f64 / took.as_secs_f64(),
+        cpu.as_secs_f64() * 1e6 / cycles.max(1) as f64
+    );
 }
 
 async fn run(quick: bool, only: Option<Vec<String>>, no_docs: bool) {

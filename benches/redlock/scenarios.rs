@@ -1,5 +1,5 @@
 //! The scenarios, numbered as in the report: 1 healthy, 2 per-node latency,
-//! 3 two nodes down, 4 validity, 5 throughput, 6 contention hand-off (6b waiting cost, 6c across OS processes, 6d starvation),
+//! 3 two nodes down, 4 validity, 5 throughput (5b what a cycle costs), 6 contention hand-off (6b waiting cost, 6c across OS processes, 6d starvation),
 //! 7 many guards under the watchdog, 8 two resources as one set or as two
 //! single locks.
 
@@ -14,6 +14,7 @@ use redlock_quorum::Redlock;
 use serde_json::json;
 
 use crate::contend::{Who, contend_here};
+use crate::cost::{self, Cost, Nodes};
 use crate::heap::live_bytes;
 use crate::report::{Report, f, ratio};
 use crate::samples::Samples;
@@ -230,53 +231,39 @@ pub(crate) async fn scenario_validity(env: &Env, healthy: &Subjects, report: &mu
 }
 
 pub(crate) async fn scenario_throughput(env: &Env, s: &Arc<Subjects>, report: &mut Report) {
-    pub(crate) const TASKS: usize = 64;
     // Short slices, the subjects taking turns in a rotating order, so that
     // drift in the machine's load hits all three alike.
     let slices = if env.quick { 3 } else { 15 };
     let slice = Duration::from_millis(300);
-    report.section(
-        &format!(
-            "5. throughput: {TASKS} tasks locking and unlocking distinct resources, {slices} x {} ms slices per subject, interleaved",
-            slice.as_millis()
-        ),
-        &["subject", "cycles/s", "/ floor", "/ rslock"],
-    );
-    let mut cycles = [0u64; 3];
+    let nodes = Nodes::connect(&env.urls).await;
+    let mut costs: [Cost; 3] = Default::default();
     let mut elapsed = [Duration::ZERO; 3];
     for round in 0..slices {
         for step in 0..3 {
             let k = (round + step) % 3;
-            let who = Subject::ALL[k];
-            let count = Arc::new(AtomicU64::new(0));
-            let stop = Arc::new(AtomicBool::new(false));
-            let start = Instant::now();
-            let tasks: Vec<_> = (0..TASKS)
-                .map(|t| {
-                    let (count, stop, s) = (count.clone(), stop.clone(), s.clone());
-                    tokio::spawn(async move {
-                        let mut i = 0u64;
-                        while !stop.load(Ordering::Relaxed) {
-                            let res = format!("bench:tp:{round}:{t}:{i}");
-                            i += 1;
-                            if s.acquire_release(who, &res, TTL).await.is_some() {
-                                count.fetch_add(1, Ordering::Relaxed);
-                            }
-                        }
-                    })
-                })
-                .collect();
-            tokio::time::sleep(slice).await;
-            stop.store(true, Ordering::Relaxed);
-            for t in tasks {
-                let _ = t.await;
-            }
-            cycles[k] += count.load(Ordering::Relaxed);
-            elapsed[k] += start.elapsed();
+            // The nodes' statistics and CPU, and the client's CPU, around
+            // the slice (its tasks' ends included).
+            let node0 = nodes.reset().await;
+            let cpu0 = cost::cpu_time();
+            let (cycles, took) = throughput_slice(s, Subject::ALL[k], round, slice).await;
+            let cpu1 = cost::cpu_time();
+            let c = &mut costs[k];
+            c.client_cpu += cpu1.saturating_sub(cpu0);
+            c.add_commands(nodes.commands().await);
+            c.node_cpu += nodes.cpu().await.saturating_sub(node0);
+            c.cycles += cycles;
+            elapsed[k] += took;
         }
     }
+    report.section(
+        &format!(
+            "5. throughput: {THROUGHPUT_TASKS} tasks locking and unlocking distinct resources, {slices} x {} ms slices per subject, interleaved",
+            slice.as_millis()
+        ),
+        &["subject", "cycles/s", "/ floor", "/ rslock"],
+    );
     let rates: Vec<f64> = (0..3)
-        .map(|k| cycles[k] as f64 / elapsed[k].as_secs_f64())
+        .map(|k| costs[k].cycles as f64 / elapsed[k].as_secs_f64())
         .collect();
     for (k, who) in Subject::ALL.into_iter().enumerate() {
         report.line(
@@ -286,9 +273,47 @@ pub(crate) async fn scenario_throughput(env: &Env, s: &Arc<Subjects>, report: &m
                 ratio(rates[k], rates[2]),
                 ratio(rates[k], rates[1]),
             ],
-            json!({"scenario": 5, "subject": who.name(), "cycles_per_s": rates[k], "tasks": TASKS}),
+            json!({"scenario": 5, "subject": who.name(), "cycles_per_s": rates[k], "tasks": THROUGHPUT_TASKS}),
         );
     }
+    cost::emit(report, &costs);
+}
+
+/// Scenario 5's tasks, each locking and unlocking resources of its own.
+pub(crate) const THROUGHPUT_TASKS: usize = 64;
+
+/// One slice of scenario 5: `THROUGHPUT_TASKS` tasks cycling `who` on
+/// distinct resources for `slice`; (cycles, time until every task ended).
+pub(crate) async fn throughput_slice(
+    s: &Arc<Subjects>,
+    who: Subject,
+    round: usize,
+    slice: Duration,
+) -> (u64, Duration) {
+    let count = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let start = Instant::now();
+    let tasks: Vec<_> = (0..THROUGHPUT_TASKS)
+        .map(|t| {
+            let (count, stop, s) = (count.clone(), stop.clone(), s.clone());
+            tokio::spawn(async move {
+                let mut i = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    let res = format!("bench:tp:{round}:{t}:{i}");
+                    i += 1;
+                    if s.acquire_release(who, &res, TTL).await.is_some() {
+                        count.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            })
+        })
+        .collect();
+    tokio::time::sleep(slice).await;
+    stop.store(true, Ordering::Relaxed);
+    for t in tasks {
+        let _ = t.await;
+    }
+    (count.load(Ordering::Relaxed), start.elapsed())
 }
 
 /// The three subjects of the hand-off scenarios.
