@@ -37,10 +37,11 @@ impl Drop for Mark {
 }
 
 /// Which requests of earlier rounds on a lock may still be running, per
-/// node. A clone shares the same view.
+/// node. A clone shares the same view: it is what each node's request of a
+/// round takes, so it costs a reference count, and nothing when empty.
 #[derive(Clone, Default)]
 pub(crate) struct InFlight {
-    pub(crate) rounds: Vec<Arc<Settled>>,
+    rounds: Option<Arc<[Arc<Settled>]>>,
 }
 
 impl InFlight {
@@ -52,7 +53,7 @@ impl InFlight {
     /// # Cancel safety
     /// Cancel-safe: it only watches.
     pub(crate) async fn settled(&self, index: usize) {
-        for round in &self.rounds {
+        for round in self.rounds() {
             let Some(done) = round.done.get(index) else {
                 continue;
             };
@@ -70,24 +71,41 @@ impl InFlight {
         }
     }
 
+    /// The requests of one round that may still run (none when `settled`
+    /// says every node's request settled).
+    pub(crate) fn of(settled: Arc<Settled>) -> InFlight {
+        if settled.all() {
+            return InFlight::default();
+        }
+        InFlight {
+            rounds: Some(Arc::from([settled])),
+        }
+    }
+
+    fn rounds(&self) -> &[Arc<Settled>] {
+        self.rounds.as_deref().unwrap_or(&[])
+    }
+
     /// These rounds followed by `later`, without the rounds that have
     /// settled on every node.
     pub(crate) fn and(&self, later: &InFlight) -> InFlight {
-        let rounds = self
-            .rounds
+        let rounds: Vec<Arc<Settled>> = self
+            .rounds()
             .iter()
-            .chain(&later.rounds)
+            .chain(later.rounds())
             .filter(|round| !round.all())
             .cloned()
             .collect();
-        InFlight { rounds }
+        InFlight {
+            rounds: (!rounds.is_empty()).then(|| rounds.into()),
+        }
     }
 }
 
 impl std::fmt::Debug for InFlight {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("InFlight")
-            .field("rounds", &self.rounds.len())
+            .field("rounds", &self.rounds().len())
             .finish()
     }
 }
