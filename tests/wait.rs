@@ -1112,7 +1112,7 @@ async fn a_stopped_successor_delays_the_others_by_the_hand_off_check() {
     // its connection, so the release goes nowhere else. The releaser's
     // hand-off check (200 ms later, the key still free) publishes it for
     // every manager. Before, this waiter slept until the key's expiry or
-    // its timed retry (4.2 s of 5 s in the trials; 15 s, its
+    // its timed retry (4.2 s of 5 s in trials on the old code; 15 s, its
     // patience, here).
     const TRIALS: usize = 8;
     let cluster = Cluster::start(3);
