@@ -1,13 +1,14 @@
 //! Release: an unlock right after a fresh grant releases the key on every
 //! node, a slow one included, and releases owed to a node that cannot be
 //! reached are retried by one task per node that drains when the node heals
-//! and ends with the manager.
+//! and ends with the manager. A release publishes only on nodes where
+//! someone subscribes the key's release channel.
 
 use std::time::{Duration, Instant};
 
 use redlock_harness::proxy::{Fault, Proxy};
-use redlock_harness::raw::exists;
-use redlock_harness::{Cluster, manager, reach_every_node, resource};
+use redlock_harness::raw::{calls, exists, reset_stats};
+use redlock_harness::{Cluster, keys, manager, reach_every_node, resource};
 use redlock_quorum::Redlock;
 
 const TTL: Duration = Duration::from_secs(10);
@@ -139,5 +140,68 @@ async fn release_retries_are_one_task_per_node_and_end_with_the_manager() {
             metrics.num_alive_tasks()
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A release nobody waits for publishes nothing and reads no waiters'
+/// hash: the unlock script asks first whether anyone subscribes the key's
+/// release channel. A release that a subscriber watches is still published
+/// on every node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_publishes_only_where_someone_subscribes() {
+    const CYCLES: u64 = 20;
+    let cluster = Cluster::start(3);
+    let redlock = cluster.redlock();
+    reach_every_node(&redlock).await;
+    for url in cluster.urls() {
+        reset_stats(url);
+    }
+    let unwatched = resource("unwatched");
+    for _ in 0..CYCLES {
+        let lock = redlock.try_lock(&unwatched, TTL).await.unwrap();
+        assert_eq!(redlock.unlock(&lock).await.unwrap(), 3);
+    }
+    for url in cluster.urls() {
+        let scripts = calls(url, "evalsha");
+        assert!(scripts >= CYCLES, "{url}: {scripts} scripts run");
+        assert_eq!(
+            calls(url, "publish"),
+            0,
+            "{url}: a release nobody waits for was published"
+        );
+        assert_eq!(
+            calls(url, "hgetall"),
+            0,
+            "{url}: the waiters' hash was read"
+        );
+    }
+
+    // A subscriber on every node: each node publishes the release.
+    let watched = resource("watched");
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let mut listeners = Vec::new();
+    for url in cluster.urls() {
+        let client = redis::Client::open(url.as_str()).unwrap();
+        let mut pubsub = client.get_async_pubsub().await.unwrap();
+        pubsub
+            .subscribe(keys::release_channel(&watched))
+            .await
+            .unwrap();
+        let (tx, url) = (tx.clone(), url.clone());
+        listeners.push(tokio::spawn(async move {
+            use futures::StreamExt;
+            if pubsub.on_message().next().await.is_some() {
+                let _ = tx.send(url);
+            }
+        }));
+    }
+    let lock = redlock.try_lock(&watched, TTL).await.unwrap();
+    assert_eq!(redlock.unlock(&lock).await.unwrap(), 3);
+    let mut told = Vec::new();
+    while told.len() < 3 {
+        match tokio::time::timeout(Duration::from_secs(5), rx.recv()).await {
+            Ok(Some(url)) => told.push(url),
+            _ => panic!("only {told:?} published the watched release"),
+        }
     }
 }

@@ -725,7 +725,9 @@ async fn an_acl_that_allows_only_the_keys_channels_still_wakes_waiters() {
     // The channel pattern allows each key's release channel but not the
     // managers' own channels for it: the links' own subscriptions are
     // denied, so no manager registers, and releases go to every manager on
-    // the key's channel.
+    // the key's channel. `PUBSUB` is not allowed either: the unlock
+    // script, which asks `PUBSUB NUMSUB` whether anyone subscribes before
+    // it publishes, must then publish anyway.
     let cluster = Cluster::start(3);
     let rule = [
         "on",

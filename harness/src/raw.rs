@@ -68,3 +68,27 @@ pub fn keys(url: &str) -> Vec<Vec<u8>> {
         .query(&mut conn(url))
         .expect("KEYS")
 }
+
+/// How many times the node at `url` ran `command` (lower case: `publish`,
+/// `evalsha`) since it started or its last [`reset_stats`], from `INFO
+/// commandstats` (a command a script runs counts too).
+pub fn calls(url: &str, command: &str) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(&mut conn(url))
+        .expect("INFO commandstats");
+    let prefix = format!("cmdstat_{command}:calls=");
+    info.lines()
+        .find_map(|l| l.strip_prefix(prefix.as_str()))
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Resets the node's command statistics (`CONFIG RESETSTAT`).
+pub fn reset_stats(url: &str) {
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query(&mut conn(url))
+        .expect("CONFIG RESETSTAT");
+}
