@@ -57,6 +57,9 @@ impl InFlight {
             let Some(done) = round.done.get(index) else {
                 continue;
             };
+            if done.load(Ordering::Acquire) {
+                continue;
+            }
             loop {
                 // Register before looking, so that a mark in between is not
                 // missed.

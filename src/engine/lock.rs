@@ -20,10 +20,11 @@ pub(crate) fn new_token() -> Result<String, Error> {
     rand::rngs::SysRng
         .try_fill_bytes(&mut bytes)
         .map_err(|e| Error::Entropy(e.to_string()))?;
+    const HEX: &[u8; 16] = b"0123456789abcdef";
     let mut text = String::with_capacity(TOKEN_BYTES * 2);
     for b in bytes {
-        use fmt::Write;
-        let _ = write!(text, "{b:02x}");
+        text.push(char::from(HEX[usize::from(b >> 4)]));
+        text.push(char::from(HEX[usize::from(b & 0xf)]));
     }
     Ok(text)
 }
