@@ -192,6 +192,33 @@ async fn a_node_that_lost_its_data_counts_again_after_max_ttl() {
     cluster.node(2).restart();
 }
 
+/// A manager that has seen every node old names each node's generation in
+/// its requests, and a node whose marker still holds it answers without
+/// its clock. A node that lost its data has a new marker: the same manager
+/// must count it as young, not as the old node it knew.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_manager_that_knew_a_node_as_old_does_not_count_it_once_it_lost_its_data() {
+    let mut cluster = Cluster::start(3);
+    age_markers(&cluster).await;
+    let redlock = guarded(&cluster);
+    let res = resource("guard-known");
+    // Known old on every node now.
+    let lock = redlock.try_lock(&res, MAX_TTL).await.unwrap();
+    redlock.unlock(&lock).await.unwrap();
+    let lock = redlock.try_lock(&res, MAX_TTL).await.unwrap();
+    redlock.unlock(&lock).await.unwrap();
+    cluster.node(0).restart();
+    cluster.node(2).kill();
+    let err = redlock.try_lock(&res, MAX_TTL).await.unwrap_err();
+    assert!(matches!(err, Error::NoQuorum { .. }), "{err}");
+    let err = redlock.try_lock(&res, MAX_TTL).await.unwrap_err();
+    assert!(matches!(err, Error::NoQuorum { .. }), "still young: {err}");
+    tokio::time::sleep(MAX_TTL).await;
+    let lock = redlock.try_lock(&res, MAX_TTL).await.unwrap();
+    redlock.unlock(&lock).await.unwrap();
+    cluster.node(2).restart();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_node_stopped_then_restarted_empty_then_paused_never_repeats_a_token() {
     // 3 nodes, at most one faulty at a time. Unguarded (the generation

@@ -43,6 +43,7 @@ use redis::{AsyncConnectionConfig, Client, ConnectionInfo, RedisError, RedisResu
 
 use crate::engine::config::Config;
 use crate::protocol::error::NodeError;
+use crate::protocol::generation::Known;
 use crate::protocol::request::unlock::Native;
 use crate::protocol::timing::{FIRST_BACKOFF, next_backoff};
 
@@ -96,6 +97,11 @@ pub(crate) struct Node {
     /// 0 unknown or none, 1 `DELIFEQ` (Valkey 9.0+), 2 `DELEX … IFEQ`
     /// (Redis 8.4+).
     native_release: std::sync::atomic::AtomicU8,
+    /// The generation last seen old enough here, named in marked scripts.
+    pub(crate) known: Known,
+    /// How old a marker must be to be known as old: the restart guard's
+    /// `max_ttl`, or any age without the guard.
+    pub(crate) old_after: Duration,
 }
 
 #[derive(Default)]
@@ -202,6 +208,8 @@ impl Node {
             gate: tokio::sync::Mutex::new(()),
             aof: std::sync::atomic::AtomicU8::new(0),
             native_release: std::sync::atomic::AtomicU8::new(0),
+            known: Known::default(),
+            old_after: config.restart_guard.unwrap_or(Duration::ZERO),
         })
     }
 

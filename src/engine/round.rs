@@ -37,24 +37,47 @@ use crate::engine::node::Node;
 use crate::protocol::durability::Durability;
 use crate::protocol::error::NodeError;
 use crate::protocol::quorum::{Ask, Reply};
+use crate::protocol::request::Marked;
 pub(crate) use crate::protocol::request::Request;
 use crate::protocol::request::unlock;
 use crate::protocol::tally::Tally;
 #[cfg(feature = "tracing")]
 use crate::trace;
 
-/// Sends `request` on `conn` and reads the raw reply.
-async fn run(request: &Request, conn: &mut MultiplexedConnection) -> Result<Value, NodeError> {
+/// Sends `request` on `conn` and reads the raw reply. A marked script gets
+/// `known` (the node's known generation, or nothing) as its last argument.
+async fn run(
+    request: &Request,
+    known: Option<&[u8]>,
+    conn: &mut MultiplexedConnection,
+) -> Result<Value, NodeError> {
     match request {
-        Request::Durable { write, durability } => run_durable(write, *durability, conn).await,
-        other => run_plain(other, conn).await.map_err(NodeError::from_redis),
+        Request::Durable { write, durability } => {
+            run_durable(write, *durability, known, conn).await
+        }
+        other => run_plain(other, known, conn)
+            .await
+            .map_err(NodeError::from_redis),
+    }
+}
+
+/// The last argument of a marked script: the generation the manager knows
+/// to be old on the node, or empty (never a generation).
+fn known_arg(marked: Marked, known: Option<&[u8]>) -> &[u8] {
+    match marked {
+        Marked::Known => known.unwrap_or_default(),
+        Marked::WithAge | Marked::No => &[],
     }
 }
 
 /// [`run`] without the durability confirmation.
-async fn run_plain(request: &Request, conn: &mut MultiplexedConnection) -> RedisResult<Value> {
+async fn run_plain(
+    request: &Request,
+    known: Option<&[u8]>,
+    conn: &mut MultiplexedConnection,
+) -> RedisResult<Value> {
     match request {
-        Request::Durable { write, .. } => Box::pin(run_plain(write, conn)).await,
+        Request::Durable { write, .. } => Box::pin(run_plain(write, known, conn)).await,
         Request::Cmd(cmd) => cmd.query_async(conn).await,
         Request::Pipe(pipe) => {
             let value: Value = pipe.query_async(conn).await?;
@@ -66,7 +89,11 @@ async fn run_plain(request: &Request, conn: &mut MultiplexedConnection) -> Redis
             Ok(value)
         }
         Request::Script {
-            script, keys, args, ..
+            script,
+            keys,
+            args,
+            marked,
+            ..
         } => {
             let mut call = script.prepare_invoke();
             for key in keys.iter() {
@@ -74,6 +101,9 @@ async fn run_plain(request: &Request, conn: &mut MultiplexedConnection) -> Redis
             }
             for arg in args.iter() {
                 call.arg(arg.as_slice());
+            }
+            if *marked != Marked::No {
+                call.arg(known_arg(*marked, known));
             }
             call.invoke_async(conn).await
         }
@@ -90,6 +120,7 @@ async fn run_plain(request: &Request, conn: &mut MultiplexedConnection) -> Redis
 async fn run_durable(
     write: &Request,
     durability: Durability,
+    known: Option<&[u8]>,
     conn: &mut MultiplexedConnection,
 ) -> Result<Value, NodeError> {
     let mut loaded = false;
@@ -101,7 +132,11 @@ async fn run_durable(
                 pipe.add_command((**cmd).clone());
             }
             Request::Script {
-                script, keys, args, ..
+                script,
+                keys,
+                args,
+                marked,
+                ..
             } => {
                 let evalsha = pipe.cmd("EVALSHA").arg(script.get_hash()).arg(keys.len());
                 for key in keys.iter() {
@@ -109,6 +144,9 @@ async fn run_durable(
                 }
                 for arg in args.iter() {
                     evalsha.arg(arg.as_slice());
+                }
+                if *marked != Marked::No {
+                    evalsha.arg(known_arg(*marked, known));
                 }
             }
             Request::Durable { .. } | Request::Pipe(_) => {
@@ -165,11 +203,22 @@ pub(crate) async fn call(
     let timeout = request.timeout(node_timeout);
     let mut retried = false;
     let mut request = request;
+    let marked = request.marked();
+    let known = match marked {
+        Marked::Known => node.known.get(),
+        Marked::WithAge | Marked::No => None,
+    };
     loop {
         let mut conn = node.connection().await?;
-        match tokio::time::timeout(timeout, run(&request, &mut conn.conn)).await {
+        let sent = run(&request, known.as_deref(), &mut conn.conn);
+        match tokio::time::timeout(timeout, sent).await {
             Err(_) => return Err(NodeError::Timeout),
-            Ok(Ok(value)) => return Ok(value),
+            Ok(Ok(value)) => {
+                if marked != Marked::No {
+                    node.known.learn(&value, node.old_after);
+                }
+                return Ok(value);
+            }
             Ok(Err(error)) => {
                 if let Some(native) = native_fallback(&node, &request, &error) {
                     // The node refuses scripts: release with its own

@@ -47,30 +47,76 @@ use crate::protocol::quorum::Reply;
 /// docs. Defines the locals `generation` (the node's generation string) and
 /// `age` (the marker's age in milliseconds on the node's clock).
 const PRELUDE: &str = r#"local marker = table.remove(KEYS)
+local known = table.remove(ARGV)
 local candidate = table.remove(ARGV)
-local clock = redis.call("time")
-local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
 local generation = redis.call("get", marker)
-local born
-if generation then
-    local sep = string.find(generation, ":", 1, true)
-    born = sep and tonumber(string.sub(generation, 1, sep - 1))
-    if not born then
-        return redis.error_reply("ERR redlock-quorum: malformed generation marker")
+local age = false
+if not generation or generation ~= known then
+    local clock = redis.call("time")
+    local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+    local born
+    if generation then
+        local sep = string.find(generation, ":", 1, true)
+        born = sep and tonumber(string.sub(generation, 1, sep - 1))
+        if not born then
+            return redis.error_reply("ERR redlock-quorum: malformed generation marker")
+        end
+    else
+        born = now
+        generation = now .. ":" .. candidate
+        redis.call("set", marker, generation)
     end
-else
-    born = now
-    generation = now .. ":" .. candidate
-    redis.call("set", marker, generation)
+    age = now - born
 end
-local age = now - born
 "#;
 
-/// A script made of [`PRELUDE`] and `body`, replying `{body's reply, age}`.
+/// A script made of [`PRELUDE`] and `body`, replying `{body's reply, age,
+/// generation}`, or `{body's reply}` where the marker holds the generation
+/// the caller named as known to be old (see [`Known`]).
 pub(crate) fn with_marker(body: &str) -> Script {
     Script::new(&format!(
-        "{PRELUDE}local function body()\n{body}\nend\nreturn {{body(), age}}"
+        "{PRELUDE}local function body()\n{body}\nend\nif age then\n    return {{body(), age, generation}}\nend\nreturn {{body()}}"
     ))
+}
+
+/// The generation a manager last saw on one node as old enough to count
+/// (as old as the restart guard's `max_ttl`, or any age without the guard),
+/// sent as the last argument of every marked script to that node.
+///
+/// Where the node's marker still holds it, the prelude skips the node's
+/// clock and the marker's parsing: a node whose marker has not changed
+/// since it was old enough is old enough now (a marker's age only grows;
+/// a node that loses its data loses the marker with it, and gets a new
+/// generation, which this one is not). So under the restart guard a
+/// healthy node costs each call one `GET` of the marker beside the
+/// command, not `TIME` and a parse as well.
+#[derive(Debug, Default)]
+pub(crate) struct Known {
+    generation: std::sync::Mutex<Option<std::sync::Arc<[u8]>>>,
+}
+
+impl Known {
+    /// The generation to name in the next request (empty when none).
+    pub(crate) fn get(&self) -> Option<std::sync::Arc<[u8]>> {
+        self.generation
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Learns from a marked script's reply: a full reply (`{body, age,
+    /// generation}`) whose node is at least `old_after` old names the
+    /// generation to send from now on; a node younger than that is
+    /// forgotten (it lost its data since).
+    pub(crate) fn learn(&self, value: &Value, old_after: Duration) {
+        let Value::Array(parts) = value else { return };
+        let [_, Value::Int(age), Value::BulkString(generation)] = parts.as_slice() else {
+            return;
+        };
+        let old = u64::try_from(*age).is_ok_and(|age| Duration::from_millis(age) >= old_after);
+        let mut known = self.generation.lock().unwrap_or_else(|e| e.into_inner());
+        *known = old.then(|| generation.as_slice().into());
+    }
 }
 
 /// A manager's view of the markers: the key, the id it proposes when it
@@ -84,7 +130,8 @@ pub(crate) struct Generation {
 
 impl Generation {
     /// Appends the marker key and the candidate id to a script's keys and
-    /// arguments, where [`PRELUDE`] takes them from.
+    /// arguments, where [`PRELUDE`] takes them from (the engine appends the
+    /// node's [`Known`] generation after them, per node).
     pub(crate) fn append(&self, keys: &mut Vec<Vec<u8>>, args: &mut Vec<Vec<u8>>) {
         keys.push(self.marker.clone());
         args.push(self.candidate.clone().into_bytes());
@@ -101,14 +148,20 @@ impl Generation {
         move |value| {
             let (body, age) = match value {
                 // A body's nil reply reaches Lua as `false`, so the table
-                // always has both elements.
+                // always has every element.
                 Value::Array(parts) => match parts.as_slice() {
-                    [body, Value::Int(age)] => (body, *age),
+                    [body, Value::Int(age), _] => (body, Some(*age)),
+                    // The marker holds the generation this manager named as
+                    // old (`Known`).
+                    [body] => (body, None),
                     _ => return Err(format!("{value:?}")),
                 },
                 other => return Err(format!("{other:?}")),
             };
             let reply = read(body)?;
+            let Some(age) = age else {
+                return Ok(reply);
+            };
             // A node clock that went backwards gives a negative age: young.
             let age = Duration::from_millis(u64::try_from(age).unwrap_or(0));
             Ok(match (guard, reply) {
@@ -146,6 +199,42 @@ mod tests {
         assert!(std::str::from_utf8(&marker).is_err());
     }
 
+    fn marker_value() -> Value {
+        Value::BulkString(b"1700000000000:abc".to_vec())
+    }
+
+    #[test]
+    fn a_known_generation_counts_as_old_and_is_learned_only_when_old() {
+        let generation = Generation {
+            marker: marker_key(""),
+            candidate: "c".into(),
+            guard: Some(Duration::from_secs(1)),
+        };
+        let read = generation.reader(|v| match v {
+            Value::Int(1) => Ok(Reply::Agreed(None)),
+            _ => Ok(Reply::Refused { holder: None }),
+        });
+        // `{body}`: the marker holds the generation the manager named.
+        assert_eq!(
+            read(&Value::Array(vec![Value::Int(1)])),
+            Ok(Reply::Agreed(None))
+        );
+        assert!(read(&Value::Array(vec![])).is_err());
+        let known = Known::default();
+        let full = |age: i64| Value::Array(vec![Value::Int(1), Value::Int(age), marker_value()]);
+        known.learn(&full(999), Duration::from_secs(1));
+        assert_eq!(known.get(), None, "too young to be known");
+        known.learn(&full(1000), Duration::from_secs(1));
+        assert_eq!(known.get().as_deref(), Some(&b"1700000000000:abc"[..]));
+        // A short reply changes nothing; a young full one forgets.
+        known.learn(&Value::Array(vec![Value::Int(1)]), Duration::from_secs(1));
+        assert!(known.get().is_some());
+        known.learn(&full(-3), Duration::from_secs(1));
+        assert_eq!(known.get(), None, "a node that went back is not known");
+        known.learn(&full(0), Duration::ZERO);
+        assert!(known.get().is_some(), "without the guard any age is old");
+    }
+
     #[test]
     fn young_agreement_does_not_count() {
         let generation = Generation {
@@ -158,8 +247,13 @@ mod tests {
             Value::Int(2) => Ok(Reply::Healed),
             _ => Ok(Reply::Refused { holder: None }),
         });
-        let reply =
-            |body: i64, age: i64| read(&Value::Array(vec![Value::Int(body), Value::Int(age)]));
+        let reply = |body: i64, age: i64| {
+            read(&Value::Array(vec![
+                Value::Int(body),
+                Value::Int(age),
+                marker_value(),
+            ]))
+        };
         assert_eq!(
             reply(1, 999),
             Ok(Reply::Young {
@@ -198,7 +292,13 @@ mod tests {
             }),
             _ => Ok(Reply::Refused { holder: None }),
         });
-        let foreign = |age: i64| read(&Value::Array(vec![Value::Int(7), Value::Int(age)]));
+        let foreign = |age: i64| {
+            read(&Value::Array(vec![
+                Value::Int(7),
+                Value::Int(age),
+                marker_value(),
+            ]))
+        };
         let counted = Ok(Reply::Foreign {
             number: 7,
             trusted: true,
@@ -214,7 +314,11 @@ mod tests {
         };
         let read = off.reader(|_| Ok(Reply::Agreed(None)));
         assert_eq!(
-            read(&Value::Array(vec![Value::Nil, Value::Int(0)])),
+            read(&Value::Array(vec![
+                Value::Nil,
+                Value::Int(0),
+                marker_value()
+            ])),
             Ok(Reply::Agreed(None))
         );
     }

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use redis::{Cmd, Value};
 
-use super::{Kind, Request, either, marked, script};
+use super::{Kind, Marked, Request, either, marked, script};
 use crate::protocol::generation::Generation;
 use crate::protocol::quorum::Reply;
 use crate::protocol::scripts;
@@ -39,8 +39,20 @@ pub(crate) fn request(
     let keys: Vec<&[u8]> = keys.iter().map(|k| k.as_bytes()).collect();
     let args = [token.as_bytes(), millis.as_bytes()];
     match (keys.len(), guarded) {
-        (1, _) => marked(generation, &scripts::SET_MARKED, &keys, &args),
-        (_, true) => marked(generation, &scripts::ACQUIRE_MANY_MARKED, &keys, &args),
+        (1, _) => marked(
+            generation,
+            &scripts::SET_MARKED,
+            &keys,
+            &args,
+            Marked::Known,
+        ),
+        (_, true) => marked(
+            generation,
+            &scripts::ACQUIRE_MANY_MARKED,
+            &keys,
+            &args,
+            Marked::Known,
+        ),
         (_, false) => script(
             Kind::Other,
             &scripts::ACQUIRE_MANY,
@@ -192,7 +204,13 @@ mod tests {
             ..off.clone()
         };
         let read = super::read(&on, "mine", false);
-        let marked = |body: Value, age: i64| Value::Array(vec![body, Value::Int(age)]);
+        let marked = |body: Value, age: i64| {
+            Value::Array(vec![
+                body,
+                Value::Int(age),
+                Value::BulkString(b"1:g".to_vec()),
+            ])
+        };
         assert_eq!(read(&marked(Value::Nil, 5_000)), Ok(Reply::Agreed(None)));
         assert!(matches!(
             read(&marked(Value::Nil, 5)),

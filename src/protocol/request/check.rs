@@ -4,7 +4,7 @@
 
 use redis::Value;
 
-use super::{Kind, Request, either, marked, read_flag, script};
+use super::{Kind, Marked, Request, either, marked, read_flag, script};
 use crate::protocol::generation::Generation;
 use crate::protocol::quorum::Reply;
 use crate::protocol::scripts;
@@ -23,8 +23,20 @@ pub(crate) fn request(generation: &Generation, keys: &[&str], token: &str) -> Re
             &keys,
             &args,
         ),
-        (1, true) => marked(generation, &scripts::CHECK_MARKED, &keys, &args),
-        (_, true) => marked(generation, &scripts::CHECK_MANY_MARKED, &keys, &args),
+        (1, true) => marked(
+            generation,
+            &scripts::CHECK_MARKED,
+            &keys,
+            &args,
+            Marked::Known,
+        ),
+        (_, true) => marked(
+            generation,
+            &scripts::CHECK_MANY_MARKED,
+            &keys,
+            &args,
+            Marked::Known,
+        ),
     }
 }
 

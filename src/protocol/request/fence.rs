@@ -6,7 +6,7 @@
 
 use redis::Value;
 
-use super::{Request, marked};
+use super::{Marked, Request, marked};
 use crate::protocol::generation::Generation;
 use crate::protocol::keys;
 use crate::protocol::quorum::Reply;
@@ -38,14 +38,26 @@ pub(crate) fn request(
         .chain([counter.as_slice()])
         .collect();
     match number {
-        None => marked(generation, &scripts::FENCE_READ, &keys, &[token.as_bytes()]),
+        None => marked(
+            generation,
+            &scripts::FENCE_READ,
+            &keys,
+            &[token.as_bytes()],
+            Marked::WithAge,
+        ),
         Some((number, trust)) => {
             let number = number.to_string();
             let args: Vec<&[u8]> = [token.as_bytes(), number.as_bytes()]
                 .into_iter()
                 .chain(trust.iter().map(Vec::as_slice))
                 .collect();
-            marked(generation, &scripts::FENCE_WRITE, &keys, &args)
+            marked(
+                generation,
+                &scripts::FENCE_WRITE,
+                &keys,
+                &args,
+                Marked::Known,
+            )
         }
     }
 }
@@ -78,12 +90,12 @@ pub(crate) fn read(value: &Value) -> Result<Reply, String> {
 }
 
 /// The node's generation and the marker's age in milliseconds from a whole
-/// fencing read reply (`{body, age}`, see [`with_marker`](crate::protocol::generation::with_marker)).
+/// fencing read reply (`{body, age, generation}`, see [`with_marker`](crate::protocol::generation::with_marker)).
 pub(crate) fn generation(value: &Value) -> Option<(Vec<u8>, i64)> {
     let Value::Array(parts) = value else {
         return None;
     };
-    let [Value::Array(body), Value::Int(age)] = parts.as_slice() else {
+    let [Value::Array(body), Value::Int(age), _] = parts.as_slice() else {
         return None;
     };
     match body.as_slice() {
@@ -115,6 +127,7 @@ mod tests {
                     Value::BulkString(b"17:g".to_vec()),
                 ]),
                 Value::Int(9000),
+                Value::BulkString(b"17:g".to_vec()),
             ])),
             Some((b"17:g".to_vec(), 9000))
         );

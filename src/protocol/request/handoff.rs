@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use redis::Value;
 
-use super::{Kind, Request};
+use super::{Kind, Marked, Request};
 use crate::protocol::scripts;
 
 /// The hand-off check of a release of `keys` by `token`.
@@ -17,6 +17,7 @@ pub(crate) fn request(keys: Vec<Vec<u8>>, token: Vec<u8>) -> Request {
         keys: keys.into(),
         args: Arc::from([token]),
         kind: Kind::Other,
+        marked: Marked::No,
     }
 }
 

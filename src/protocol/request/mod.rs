@@ -102,6 +102,8 @@ pub(crate) enum Request {
         /// Which operation it is, where the engine needs to know
         /// (the native fallback of the unlock).
         kind: Kind,
+        /// Whether it carries the generation marker, and how.
+        marked: Marked,
     },
     /// A write followed, in the same round trip, by the command that
     /// confirms its durability (`WAITAOF` or `WAIT`); see
@@ -110,6 +112,22 @@ pub(crate) enum Request {
         write: Box<Request>,
         durability: Durability,
     },
+}
+
+/// Whether a script carries the generation marker (a script made by
+/// [`with_marker`](crate::protocol::generation::with_marker)), and so takes
+/// one more argument, per node: the generation the manager knows to be old
+/// there ([`Known`](crate::protocol::generation::Known)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Marked {
+    /// No marker.
+    No,
+    /// The marker, and the node's known generation: a node whose marker
+    /// still holds it answers without the marker's age.
+    Known,
+    /// The marker, always with its age (the fencing read, which needs the
+    /// age of every node with an untrusted counter).
+    WithAge,
 }
 
 /// What a script request does, where the engine must tell requests apart:
@@ -131,6 +149,16 @@ impl Request {
             Request::Cmd(_) | Request::Pipe(_) => 1,
             Request::Script { keys, .. } => keys.len().max(1),
             Request::Durable { write, .. } => write.keys(),
+        }
+    }
+
+    /// Whether the request is a marked script, and how (a durable write's
+    /// own request says).
+    pub(crate) fn marked(&self) -> Marked {
+        match self {
+            Request::Script { marked, .. } => *marked,
+            Request::Durable { write, .. } => write.marked(),
+            Request::Cmd(_) | Request::Pipe(_) => Marked::No,
         }
     }
 
@@ -168,16 +196,19 @@ pub(crate) fn script(
         keys: keys.iter().map(|k| k.to_vec()).collect(),
         args: args.iter().map(|a| a.to_vec()).collect(),
         kind,
+        marked: Marked::No,
     }
 }
 
 /// A request for a script made by [`with_marker`](crate::protocol::generation::with_marker): the keys and
-/// arguments, then the marker key and the manager's candidate id.
+/// arguments, then the marker key and the manager's candidate id (the
+/// engine appends the node's known generation, `how`).
 pub(crate) fn marked(
     generation: &Generation,
     script: &'static LazyLock<Script>,
     keys: &[&[u8]],
     args: &[&[u8]],
+    how: Marked,
 ) -> Request {
     let mut keys: Vec<Vec<u8>> = keys.iter().map(|k| k.to_vec()).collect();
     let mut args: Vec<Vec<u8>> = args.iter().map(|a| a.to_vec()).collect();
@@ -187,6 +218,7 @@ pub(crate) fn marked(
         keys: keys.into(),
         args: args.into(),
         kind: Kind::Other,
+        marked: how,
     }
 }
 
@@ -229,6 +261,7 @@ mod tests {
             keys: (0..n).map(|i| i.to_string().into_bytes()).collect(),
             args: Arc::new([]),
             kind: Kind::Other,
+            marked: Marked::No,
         };
         assert_eq!(script(1).timeout(base), base);
         assert_eq!(script(0).timeout(base), base);
