@@ -274,7 +274,7 @@ async fn lock_retries_through_a_busy_node() {
             if tonumber(n[1]) * 1000000 + tonumber(n[2]) - s > 1000000 then return 1 end \
         end";
     let mut nodes: Vec<RedisServer> = (0..3)
-        .map(|_| RedisServer::start_with(&["--busy-reply-threshold", "10"]))
+        .map(|_| RedisServer::start_with(&["--lua-time-limit", "10"]))
         .collect();
     let urls: Vec<String> = nodes.iter().map(RedisServer::url).collect();
     let redlock = Redlock::builder(urls.iter().map(String::as_str))

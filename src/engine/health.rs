@@ -120,9 +120,10 @@ impl Inner {
                 }
             };
             let asked = Instant::now();
-            let mut info_cmd = redis::cmd("INFO");
-            info_cmd.arg("server").arg("persistence").arg("replication");
-            let info = info_cmd.query_async::<String>(&mut conn.conn);
+            let info = crate::engine::node::info(
+                &mut conn.conn,
+                &["server", "persistence", "replication"],
+            );
             match tokio::time::timeout(inner.config.node_timeout, info).await {
                 Err(_) => report.error = Some(NodeError::Timeout),
                 Ok(Err(e)) => report.error = Some(NodeError::from_redis(e)),

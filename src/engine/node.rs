@@ -45,6 +45,9 @@ use crate::engine::config::Config;
 use crate::protocol::error::NodeError;
 use crate::protocol::generation::Known;
 use crate::protocol::request::unlock::Native;
+use crate::protocol::server_info::{
+    before_7, info_field, native_release, run_id, sections_refused,
+};
 use crate::protocol::timing::{FIRST_BACKOFF, next_backoff};
 
 /// Which server each node of one manager turned out to be: its `run_id`,
@@ -97,6 +100,10 @@ pub(crate) struct Node {
     /// 0 unknown or none, 1 `DELIFEQ` (Valkey 9.0+), 2 `DELEX … IFEQ`
     /// (Redis 8.4+).
     native_release: std::sync::atomic::AtomicU8,
+    /// Whether the server refuses `SET … NX … GET` (Redis before 7.0), as
+    /// its `INFO` said or its reply showed: acquisitions then send the
+    /// script of [`Set::compat`](crate::protocol::request::acquire::Set::compat).
+    old_set: std::sync::atomic::AtomicBool,
     /// The generation last seen old enough here, named in marked scripts.
     pub(crate) known: Known,
     /// How old a marker must be to be known as old: the restart guard's
@@ -208,6 +215,7 @@ impl Node {
             gate: tokio::sync::Mutex::new(()),
             aof: std::sync::atomic::AtomicU8::new(0),
             native_release: std::sync::atomic::AtomicU8::new(0),
+            old_set: std::sync::atomic::AtomicBool::new(false),
             known: Known::default(),
             old_after: config.restart_guard.unwrap_or(Duration::ZERO),
         })
@@ -239,6 +247,17 @@ impl Node {
             2 => Native::DelEx,
             _ => Native::None,
         }
+    }
+
+    /// Whether the server refuses `SET … NX … GET` (Redis before 7.0).
+    pub(crate) fn old_set(&self) -> bool {
+        self.old_set.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Records that the server refused `SET … NX … GET`.
+    pub(crate) fn set_old_set(&self) {
+        self.old_set
+            .store(true, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// `host:port` (or the socket path), without the database.
@@ -363,17 +382,15 @@ impl Node {
                 .await?;
             // A user whose ACL denies INFO (NOPERM) can still lock: the
             // server's identity and persistence are then unknown.
-            let info: String = match redis::cmd("INFO")
-                .arg("server")
-                .arg("persistence")
-                .query_async(&mut conn)
-                .await
-            {
+            let info = match info(&mut conn, &["server", "persistence"]).await {
                 Err(e) if e.code() == Some("NOPERM") => String::new(),
                 other => other?,
             };
             self.native_release
                 .store(native_release(&info), std::sync::atomic::Ordering::Relaxed);
+            if before_7(&info) {
+                self.set_old_set();
+            }
             if let Some(aof) = info_field(&info, "aof_enabled") {
                 let flag = if aof == "1" { 2 } else { 1 };
                 self.aof.store(flag, std::sync::atomic::Ordering::Relaxed);
@@ -429,40 +446,26 @@ impl Node {
     }
 }
 
-/// Which native conditional delete a server has, from `INFO server`: see
-/// [`Node::native_release`].
-fn native_release(info: &str) -> u8 {
-    let version = |field| {
-        info_field(info, field).map(|v| {
-            let mut parts = v.split('.').map(|p| p.parse::<u32>().unwrap_or(0));
-            (parts.next().unwrap_or(0), parts.next().unwrap_or(0))
-        })
-    };
-    if info_field(info, "server_name") == Some("valkey") {
-        match version("valkey_version") {
-            Some(v) if v >= (9, 0) => 1,
-            _ => 0,
-        }
-    } else {
-        match version("redis_version") {
-            Some(v) if v >= (8, 4) => 2,
-            _ => 0,
-        }
+/// `INFO` of `sections`, in one request; from a server that takes one
+/// section at a time (Redis before 7.0), its default `INFO`, which holds
+/// the server, persistence and replication sections.
+///
+/// # Cancel safety
+/// Cancel-safe: it only reads.
+pub(crate) async fn info(
+    conn: &mut MultiplexedConnection,
+    sections: &[&str],
+) -> RedisResult<String> {
+    let mut cmd = redis::cmd("INFO");
+    for section in sections {
+        cmd.arg(*section);
     }
-}
-
-/// The `run_id` line of `INFO server`.
-fn run_id(info: &str) -> Option<String> {
-    info_field(info, "run_id").map(str::to_owned)
-}
-
-/// The value of one `name:value` line of an `INFO` reply.
-fn info_field<'a>(info: &'a str, name: &str) -> Option<&'a str> {
-    info.lines().find_map(|line| {
-        line.strip_prefix(name)
-            .and_then(|rest| rest.strip_prefix(':'))
-            .map(str::trim)
-    })
+    match cmd.query_async(conn).await {
+        Err(e) if sections.len() > 1 && sections_refused(&e) => {
+            redis::cmd("INFO").query_async(conn).await
+        }
+        other => other,
+    }
 }
 
 /// `host:port`, plus `/db` when the database is not 0. Never the password.
@@ -478,31 +481,6 @@ pub(crate) fn label(info: &ConnectionInfo) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn native_release_by_server_and_version() {
-        let valkey = |v: &str| {
-            format!("redis_version:7.2.4\r\nserver_name:valkey\r\nvalkey_version:{v}\r\n")
-        };
-        assert_eq!(native_release(&valkey("9.1.0")), 1);
-        assert_eq!(native_release(&valkey("9.0.0")), 1);
-        assert_eq!(native_release(&valkey("8.1.2")), 0);
-        assert_eq!(native_release("redis_version:8.4.0\r\n"), 2);
-        assert_eq!(native_release("redis_version:10.0.1\r\n"), 2);
-        assert_eq!(native_release("redis_version:8.2.1\r\n"), 0);
-        assert_eq!(native_release("redis_version:7.0.15\r\n"), 0);
-        assert_eq!(native_release(""), 0);
-    }
-
-    #[test]
-    fn run_id_is_read_from_info() {
-        let info = "# Server\r\nredis_version:7.0.15\r\nrun_id:abc123\r\ntcp_port:6379\r\n";
-        assert_eq!(run_id(info).as_deref(), Some("abc123"));
-        assert_eq!(run_id("# Server\r\n"), None);
-        let info = "run_id:x\r\n# Persistence\r\naof_enabled:1\r\naof_rewrite:0\r\n";
-        assert_eq!(info_field(info, "aof_enabled"), Some("1"));
-        assert_eq!(info_field(info, "aof"), None);
-    }
 
     #[test]
     fn one_server_under_two_entries_is_detected() {

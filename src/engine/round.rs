@@ -79,15 +79,12 @@ async fn run_plain(
     match request {
         Request::Durable { write, .. } => Box::pin(run_plain(write, known, conn)).await,
         Request::Cmd(cmd) => cmd.query_async(conn).await,
-        Request::Pipe(pipe) => {
-            let value: Value = pipe.query_async(conn).await?;
-            if let Value::Array(replies) = &value
-                && let Some(Value::ServerError(e)) = replies.first()
-            {
-                return Err(e.clone().into());
-            }
-            Ok(value)
-        }
+        Request::Pipe(pipe) => run_pipe(pipe, conn).await,
+        Request::Set(set) => match set.modern() {
+            Request::Cmd(cmd) => cmd.query_async(conn).await,
+            Request::Pipe(pipe) => run_pipe(pipe, conn).await,
+            _ => unreachable!("an acquisition is a command or a pipeline"),
+        },
         Request::Script {
             script,
             keys,
@@ -108,6 +105,18 @@ async fn run_plain(
             call.invoke_async(conn).await
         }
     }
+}
+
+/// Sends `pipe`; the first reply's error is the request's error, a later
+/// one is left in the array for the reader.
+async fn run_pipe(pipe: &redis::Pipeline, conn: &mut MultiplexedConnection) -> RedisResult<Value> {
+    let value: Value = pipe.query_async(conn).await?;
+    if let Value::Array(replies) = &value
+        && let Some(Value::ServerError(e)) = replies.first()
+    {
+        return Err(e.clone().into());
+    }
+    Ok(value)
 }
 
 /// Runs `write` and the durability confirmation in one pipeline (one round
@@ -131,6 +140,12 @@ async fn run_durable(
             Request::Cmd(cmd) => {
                 pipe.add_command((**cmd).clone());
             }
+            Request::Set(set) => match set.modern() {
+                Request::Cmd(cmd) => {
+                    pipe.add_command((**cmd).clone());
+                }
+                _ => unreachable!("a durable acquisition has no PTTL behind it"),
+            },
             Request::Script {
                 script,
                 keys,
@@ -203,6 +218,13 @@ pub(crate) async fn call(
     let timeout = request.timeout(node_timeout);
     let mut retried = false;
     let mut request = request;
+    let mut compat = false;
+    if node.old_set()
+        && let Some(instead) = request.compat()
+    {
+        request = instead;
+        compat = true;
+    }
     let marked = request.marked();
     let known = match marked {
         Marked::Known => node.known.get(),
@@ -220,6 +242,18 @@ pub(crate) async fn call(
                 return Ok(value);
             }
             Ok(Err(error)) => {
+                if !compat
+                    && refuses_nx_get(&error)
+                    && let Some(instead) = request.compat()
+                {
+                    // A server older than Redis 7.0 that `INFO` did not
+                    // tell about (an ACL that denies it): from now on it
+                    // gets the script.
+                    node.set_old_set();
+                    request = instead;
+                    compat = true;
+                    continue;
+                }
                 if let Some(native) = native_fallback(&node, &request, &error) {
                     // The node refuses scripts: release with its own
                     // conditional delete instead, once.
@@ -257,6 +291,12 @@ fn native_fallback(node: &Node, request: &Request, error: &NodeError) -> Option<
         return None;
     }
     unlock::native_instead(node.native_release(), request)
+}
+
+/// Whether `error` is a server's refusal of `SET … NX … GET`: Redis before
+/// 7.0 answers it with a syntax error.
+fn refuses_nx_get(error: &NodeError) -> bool {
+    matches!(error, NodeError::Reply(e) if e.to_string().to_ascii_lowercase().contains("syntax error"))
 }
 
 /// How long a round listens.

@@ -12,6 +12,7 @@
 //! - [`scripts`]: the Lua text;
 //! - [`generation`]: the generation markers and the restart guard's rule;
 //! - [`durability`]: the durability setting and its confirmation command;
+//! - [`server_info`]: what a server's `INFO` says (family, version, id);
 //! - [`error`]: the errors every layer names, and [`error_kind`] their
 //!   kinds.
 
@@ -23,5 +24,6 @@ pub(crate) mod keys;
 pub(crate) mod quorum;
 pub(crate) mod request;
 pub(crate) mod scripts;
+pub(crate) mod server_info;
 pub(crate) mod tally;
 pub(crate) mod timing;

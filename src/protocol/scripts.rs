@@ -201,6 +201,24 @@ pub(crate) static SET_MARKED: LazyLock<Script> = LazyLock::new(|| {
     )
 });
 
+/// [`SET_MARKED`] for servers that refuse `NX` with `GET` (Redis before
+/// 7.0): the same replies, from [`SET_NX_GET`]'s body.
+pub(crate) static SET_MARKED_COMPAT: LazyLock<Script> =
+    LazyLock::new(|| generation::with_marker(SET_NX_GET));
+
+/// `KEYS[1]` = key, `ARGV[1]` = token, `ARGV[2]` = ttl in milliseconds:
+/// what `SET key token NX PX ttl GET` does, for servers that refuse `NX`
+/// with `GET` (Redis before 7.0): the value there, or, where the key is
+/// missing, sets it and answers nil. Sent with `EVAL` (it is short, and
+/// survives a `SCRIPT FLUSH`); see
+/// [`Set::compat`](crate::protocol::request::acquire::Set::compat).
+pub(crate) const SET_NX_GET: &str = r#"local held = redis.call("get", KEYS[1])
+if held then
+    return held
+end
+redis.call("set", KEYS[1], ARGV[1], "PX", ARGV[2])
+return false"#;
+
 /// `KEYS[1]` = key, `ARGV[1]` = token. Returns 1 where the key holds the
 /// token, 0 elsewhere. Changes nothing.
 pub(crate) static CHECK: LazyLock<Script> = LazyLock::new(|| Script::new(CHECK_BODY));

@@ -25,15 +25,7 @@ pub(crate) fn request(
 ) -> Request {
     let guarded = generation.guard.is_some();
     if let ([key], false) = (keys, guarded) {
-        let mut set = Cmd::new();
-        set.arg("SET")
-            .arg(key)
-            .arg(token)
-            .arg("NX")
-            .arg("PX")
-            .arg(millis)
-            .arg("GET");
-        return Request::Cmd(Arc::new(set));
+        return Request::Set(Arc::new(Set::new(key, token, millis, false)));
     }
     let millis = millis.to_string();
     let keys: Vec<&[u8]> = keys.iter().map(|k| k.as_bytes()).collect();
@@ -137,18 +129,68 @@ impl Pttls {
 /// The acquisition of one key when the caller may wait:
 /// `SET key token NX PX ttl GET` then `PTTL key`, in one pipeline.
 pub(crate) fn waiting_request(key: &str, token: &str, millis: u64) -> Request {
-    let mut pipe = redis::pipe();
-    pipe.cmd("SET")
-        .arg(key)
-        .arg(token)
-        .arg("NX")
-        .arg("PX")
-        .arg(millis)
-        .arg("GET")
-        .cmd("PTTL")
-        .arg(key)
-        .ignore_errors();
-    Request::Pipe(Arc::new(pipe))
+    Request::Set(Arc::new(Set::new(key, token, millis, true)))
+}
+
+/// The acquisition of one key without the marker: `SET key token NX PX ttl
+/// GET`, alone or with `PTTL key` behind it in one pipeline (`pttl`), and
+/// what a server older than Redis 7.0 gets instead ([`Set::compat`]).
+pub(crate) struct Set {
+    key: String,
+    token: String,
+    millis: u64,
+    pttl: bool,
+    /// The request for Redis 7.0 or later and Valkey, made once.
+    modern: Request,
+}
+
+impl Set {
+    fn new(key: &str, token: &str, millis: u64, pttl: bool) -> Set {
+        let mut set = Cmd::new();
+        set.arg("SET")
+            .arg(key)
+            .arg(token)
+            .arg("NX")
+            .arg("PX")
+            .arg(millis)
+            .arg("GET");
+        Set {
+            key: key.to_owned(),
+            token: token.to_owned(),
+            millis,
+            pttl,
+            modern: Set::with_pttl(set, key, pttl),
+        }
+    }
+
+    fn with_pttl(set: Cmd, key: &str, pttl: bool) -> Request {
+        if !pttl {
+            return Request::Cmd(Arc::new(set));
+        }
+        let mut pipe = redis::pipe();
+        pipe.add_command(set).cmd("PTTL").arg(key).ignore_errors();
+        Request::Pipe(Arc::new(pipe))
+    }
+
+    /// The request for Redis 7.0 or later and Valkey: a [`Request::Cmd`] or
+    /// a [`Request::Pipe`].
+    pub(crate) fn modern(&self) -> &Request {
+        &self.modern
+    }
+
+    /// The same for a server that refuses `NX` with `GET` (Redis before
+    /// 7.0): [`SET_NX_GET`](scripts::SET_NX_GET) sent with `EVAL`, still
+    /// one round trip, and the same replies.
+    pub(crate) fn compat(&self) -> Request {
+        let mut eval = Cmd::new();
+        eval.arg("EVAL")
+            .arg(scripts::SET_NX_GET)
+            .arg(1)
+            .arg(&self.key)
+            .arg(&self.token)
+            .arg(self.millis);
+        Set::with_pttl(eval, &self.key, self.pttl)
+    }
 }
 
 /// Reads the reply of [`waiting_request`]: the `SET`'s reply by `read`, and

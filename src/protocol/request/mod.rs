@@ -94,6 +94,10 @@ pub(crate) enum Request {
     /// reply's error is the request's error, a later one is left in the
     /// array for the reader (see [`acquire::waiting_request`]).
     Pipe(Arc<redis::Pipeline>),
+    /// The acquisition of one key without the marker: `SET … NX PX … GET`,
+    /// or what a server older than Redis 7.0 gets instead (see
+    /// [`acquire::Set`]).
+    Set(Arc<acquire::Set>),
     /// A script, run by `EVALSHA` with the `NOSCRIPT` fallback.
     Script {
         script: &'static Script,
@@ -146,7 +150,7 @@ impl Request {
     /// one (they are the single-key requests).
     pub(crate) fn keys(&self) -> usize {
         match self {
-            Request::Cmd(_) | Request::Pipe(_) => 1,
+            Request::Cmd(_) | Request::Pipe(_) | Request::Set(_) => 1,
             Request::Script { keys, .. } => keys.len().max(1),
             Request::Durable { write, .. } => write.keys(),
         }
@@ -158,7 +162,7 @@ impl Request {
         match self {
             Request::Script { marked, .. } => *marked,
             Request::Durable { write, .. } => write.marked(),
-            Request::Cmd(_) | Request::Pipe(_) => Marked::No,
+            Request::Cmd(_) | Request::Pipe(_) | Request::Set(_) => Marked::No,
         }
     }
 
@@ -167,6 +171,39 @@ impl Request {
     pub(crate) fn timeout(&self, node_timeout: Duration) -> Duration {
         let extra = u32::try_from(self.keys() - 1).unwrap_or(u32::MAX);
         node_timeout.saturating_add(PER_KEY.saturating_mul(extra))
+    }
+
+    /// This request as a server older than Redis 7.0 takes it: an
+    /// acquisition ([`Request::Set`]) becomes its [`acquire::Set::compat`],
+    /// the guarded one ([`SET_MARKED`](crate::protocol::scripts::SET_MARKED))
+    /// its compatible twin; `None` for any other request (the same
+    /// everywhere).
+    pub(crate) fn compat(&self) -> Option<Request> {
+        match self {
+            Request::Set(set) => Some(set.compat()),
+            Request::Script {
+                script,
+                keys,
+                args,
+                kind,
+                marked,
+            } if std::ptr::eq(*script, &*crate::protocol::scripts::SET_MARKED) => {
+                Some(Request::Script {
+                    script: &crate::protocol::scripts::SET_MARKED_COMPAT,
+                    keys: keys.clone(),
+                    args: args.clone(),
+                    kind: *kind,
+                    marked: *marked,
+                })
+            }
+            Request::Durable { write, durability } => {
+                write.compat().map(|write| Request::Durable {
+                    write: Box::new(write),
+                    durability: *durability,
+                })
+            }
+            _ => None,
+        }
     }
 
     /// This request, confirmed as `durability` asks (a write of a lock).
