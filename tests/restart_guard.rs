@@ -219,6 +219,26 @@ async fn a_manager_that_knew_a_node_as_old_does_not_count_it_once_it_lost_its_da
     cluster.node(2).restart();
 }
 
+/// A marker that is not a generation (empty here, as a hand-made or
+/// corrupted one could be) is refused, not taken for the generation a
+/// manager that knows none names (the empty argument): no lock, no key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_empty_marker_is_refused_not_taken_for_an_old_one() {
+    let cluster = Cluster::start(3);
+    for i in 0..3 {
+        let _: () = redis::cmd("SET")
+            .arg(keys::generation(""))
+            .arg("")
+            .query(&mut cluster.conn(i))
+            .unwrap();
+    }
+    let redlock = guarded(&cluster);
+    let res = resource("guard-empty-marker");
+    let err = redlock.try_lock(&res, MAX_TTL).await.unwrap_err();
+    assert!(err.to_string().contains("malformed"), "{err}");
+    assert!(cluster.nowhere(&res), "{:?}", cluster.values(&res));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_node_stopped_then_restarted_empty_then_paused_never_repeats_a_token() {
     // 3 nodes, at most one faulty at a time. Unguarded (the generation

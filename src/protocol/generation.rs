@@ -51,7 +51,7 @@ local known = table.remove(ARGV)
 local candidate = table.remove(ARGV)
 local generation = redis.call("get", marker)
 local age = false
-if not generation or generation ~= known then
+if not generation or known == "" or generation ~= known then
     local clock = redis.call("time")
     local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
     local born
