@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# The benchmark guard (issue 23, item 5): runs the quick benchmark's
-# scenarios 1 and 5 (`--quick --only 1,5 --no-docs`, about 15 s each after
-# the build) RUNS times, reads each run's target/bench/redlock.json, and
-# fails when the median over the runs of a ratio measured side by side in
-# one run crosses its threshold:
+# The benchmark guard (issue 23, item 5): runs the benchmark's scenarios 1
+# and 5 at their full sizes (`--only 1,5 --no-docs`: 1,000 acquisitions
+# each, 15 interleaved 300 ms throughput slices per subject; about 20 s a
+# run after the build) RUNS times, reads each run's
+# target/bench/redlock.json, and fails when the median over the runs of a
+# ratio measured side by side in one run crosses its threshold:
 #
 #   ours' healthy acquire p50 / the floor's     (scenario 1)  > MAX_ACQUIRE_P50
 #   ours' lock+unlock throughput / the floor's  (scenario 5)  < MIN_THROUGHPUT
@@ -16,21 +17,23 @@
 # by scripts/ensure-redis.sh) and python3.
 #
 # Thresholds, overridable from the environment:
-# - MAX_ACQUIRE_P50=1.3: the issue's figure. Today's code measures 1.1-1.2x
-#   quiet and under load (see "The benchmark guard" in docs/performance.md).
-# - MIN_THROUGHPUT=0.45: below the issue's 0.8 on purpose. Today's code
-#   measures medians of 0.61-0.73x (single runs 0.54-0.92x; the release
-#   script and the client's per-cycle work are paid on every cycle), so 0.8
-#   would fail nearly every run;
-#   0.45 catches a further loss of about a third without flaking under load.
-#   Raise it to 0.8 (the issue's goal) once the hot-path work of issue 23
-#   (item 2) has landed and the guard's loaded runs clear 0.8 with margin.
+# - MAX_ACQUIRE_P50=1.3: the issue's figure. After the hot-path work the
+#   medians measure 1.10-1.15x beside four CPU burners.
+# - MIN_THROUGHPUT=0.6: below the issue's 0.8, because 0.8 flakes. After the
+#   hot-path work, quiet medians are 0.85-0.90x, but five guard runs beside
+#   four CPU burners (and helper builds, load 4-11) gave medians of 0.79,
+#   0.67, 0.84, 0.85 and 0.83x (single runs 0.66-0.93x): 0.8 would have
+#   failed two of the five. The quick benchmark's 3 slices were noisier
+#   still (two of five medians at 0.72-0.73x), so the guard runs the
+#   full-size scenarios. 0.6 is under the lowest loaded median seen, and
+#   still catches a return to the 0.5-0.65x of before the hot-path work
+#   when quiet (docs/performance.md, "The benchmark guard").
 # - RUNS=3: runs whose median is compared.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 MAX_ACQUIRE_P50="${MAX_ACQUIRE_P50:-1.3}"
-MIN_THROUGHPUT="${MIN_THROUGHPUT:-0.45}"
+MIN_THROUGHPUT="${MIN_THROUGHPUT:-0.6}"
 RUNS="${RUNS:-3}"
 
 scripts/ensure-redis.sh
@@ -46,7 +49,7 @@ cargo bench --locked -p redlock-bench --bench redlock --no-run >&2
 for i in $(seq 1 "$RUNS"); do
   echo "bench-guard: run $i of $RUNS" >&2
   cargo bench --locked -q -p redlock-bench --bench redlock -- \
-    --quick --only 1,5 --no-docs "$@" >"$out/run-$i.log" 2>&1 || {
+    --only 1,5 --no-docs "$@" >"$out/run-$i.log" 2>&1 || {
     cat "$out/run-$i.log" >&2
     echo "bench-guard: the benchmark failed (run $i)" >&2
     exit 2
