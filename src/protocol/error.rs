@@ -44,7 +44,7 @@ pub enum Error {
     /// Too few nodes could be reached (they timed out, refused the connection
     /// or dropped it, or answered that they are busy or loading) for a quorum
     /// to agree, and no other holder can have one.
-    #[error("no quorum for {resource:?}: {granted} nodes agreed, {required} needed; {}", NodeFailures(.failures))]
+    #[error("no quorum for {resource:?}: {granted} nodes counted, {required} needed; {}", NodeFailures(.failures))]
     NoQuorum {
         /// The resource name asked for.
         resource: String,
@@ -97,7 +97,7 @@ pub enum Error {
     /// quorum is possible: a key of another type (`WRONGTYPE`), a read-only
     /// replica (`READONLY`), a user without the permission (`NOPERM`), a
     /// failed authentication, a script error. Not retried.
-    #[error("redis replied with errors on too many nodes for {resource:?} ({granted} nodes agreed, {required} needed); {}", NodeFailures(.failures))]
+    #[error("redis replied with errors on too many nodes for {resource:?} ({granted} nodes counted, {required} needed); {}", NodeFailures(.failures))]
     Redis {
         /// The resource name asked for.
         resource: String,
@@ -432,7 +432,7 @@ impl fmt::Display for NodeError {
             ),
             NodeError::Young { age, max_ttl } => write!(
                 f,
-                "agreed, but its data is only {age:?} old (it restarted empty, or is new): \
+                "not counted: it agreed, but its data is only {age:?} old (it restarted empty, or is new): \
                  the restart guard counts it once it is {max_ttl:?} old, in {:?}",
                 max_ttl.saturating_sub(*age)
             ),
