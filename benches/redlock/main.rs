@@ -30,7 +30,9 @@
 //! - `report`: the table on stdout, and the JSON and Markdown files.
 //! - `chart`: the latency CDFs as SVG.
 //! - `docs`: the tables written into `docs/performance.md`.
-//! - `heap`: the counting allocator behind scenario 7's memory figure.
+//! - `heap`: the counting allocator behind the memory figures of scenarios
+//!   6e and 7.
+//! - `waiters`: scenario 6e, what 10,000 waiters cost the client's memory.
 
 mod chart;
 mod contend;
@@ -41,6 +43,7 @@ mod report;
 mod samples;
 mod scenarios;
 mod subjects;
+mod waiters;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -229,6 +232,10 @@ async fn run(quick: bool, only: Option<Vec<String>>, no_docs: bool) {
     timed!("6b", scenario_waiting_cost(&env, &mut report).await);
     timed!("6c", scenario_handoff_processes(&env, &mut report).await);
     timed!("6d", scenario_starvation(&env, &mut report).await);
+    timed!(
+        "6e",
+        waiters::scenario_waiter_memory(&env, &mut report).await
+    );
     timed!("7", scenario_guards(&env, &mut report).await);
     timed!("8", scenario_two_resources(&env, &mut report).await);
     timed!("9", scenario_safety_options(&env, &mut report).await);

@@ -365,6 +365,7 @@ impl RedlockBuilder {
             );
         }
         let renewals = tokio::sync::Semaphore::new(config.renew_concurrency);
+        let attempts = tokio::sync::Semaphore::new(crate::engine::ATTEMPTS_IN_FLIGHT);
         let retries = Retries::new(nodes.len());
         let stats = crate::engine::counters::Counters::new(nodes.len(), config.stats);
         let waits = crate::engine::wait::registry::Waits::new(nodes.clone(), LEASE);
@@ -373,6 +374,7 @@ impl RedlockBuilder {
                 nodes,
                 config,
                 renewals,
+                attempts,
                 retries,
                 misconfigured: Default::default(),
                 warmed: Default::default(),

@@ -91,11 +91,16 @@ impl Inner {
             let pttls = Pttls::default();
             let learn = (!last && waiter.is_some()).then_some(&pttls);
             let span = trace::span!("attempt", n = retries);
-            let outcome = match self
-                .attempt(resources, ttl, split_rounds, learn)
-                .in_span(span)
-                .await
-            {
+            // Boxed: the attempt's state (a round's) lives only while it
+            // runs, so a caller asleep between attempts holds no room for
+            // it (a waiting future of 2.7 KB otherwise). Admitted: at most
+            // `ATTEMPTS_IN_FLIGHT` at once (10,000 callers starting
+            // together would otherwise hold 20 KB each for a moment).
+            let admitted = self.attempts.acquire().await;
+            let attempt = Box::pin(self.attempt(resources, ttl, split_rounds, learn));
+            let outcome = attempt.in_span(span).await;
+            drop(admitted);
+            let outcome = match outcome {
                 Ok(lock) => {
                     if let Some(waiter) = waiter {
                         waiter.granted();

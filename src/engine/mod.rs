@@ -49,6 +49,21 @@ pub(crate) mod verify;
 pub(crate) mod wait;
 pub(crate) mod watchdog;
 
+/// The most acquisition attempts of one manager's attempt loop in flight
+/// at once; the others queue (first come, first served) before their round
+/// starts, so their validity does not run while they wait.
+///
+/// An attempt in flight holds about 20 KB (each node's request and
+/// redis-rs's state for it), and the allocator keeps the peak as resident
+/// memory: 10,000 callers starting at once on held keys took 240 MB of
+/// heap for a moment and kept 21 to 26 KB of resident memory per waiter
+/// (`docs/waiting.md`, bench scenario 6e). 256 attempts at once make about
+/// 5 MB. It does not slow that start (1.5 s either way): 256 requests queued
+/// on a node's connection keep it busy (redis-rs's own queue to the socket
+/// holds 50). It bounds a manager to 256 attempts per round trip: 5,000 a
+/// second at 50 ms.
+pub(crate) const ATTEMPTS_IN_FLIGHT: usize = 256;
+
 /// The state of a manager, shared by its clones ([`crate::Redlock`] holds
 /// an `Arc` of it) and held weakly by its background tasks.
 #[derive(Debug)]
@@ -57,6 +72,9 @@ pub(crate) struct Inner {
     pub(crate) config: Config,
     /// Admission for the watchdogs' renewals; see `renew_concurrency`.
     pub(crate) renewals: tokio::sync::Semaphore,
+    /// Admission for the acquisition attempts of the attempt loop: at most
+    /// [`ATTEMPTS_IN_FLIGHT`] at once.
+    pub(crate) attempts: tokio::sync::Semaphore,
     /// Releases owed to nodes that could not be reached.
     pub(crate) retries: Retries,
     /// Set once a round found two entries of the node list on one server.

@@ -5,6 +5,8 @@
 
 use std::collections::HashMap;
 use std::collections::VecDeque;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -56,10 +58,19 @@ impl Waits {
     /// a quorum of nodes confirmed, or each node confirmed or is known to be
     /// unavailable.
     ///
+    /// The waiter is in the queues once this returns; the future only
+    /// waits for the confirmations. It is boxed: the caller's future, which
+    /// lives as long as it waits, then holds a pointer rather than room for
+    /// this wait, which ends before the first sleep.
+    ///
     /// # Cancel safety
     /// Cancel-safe: a dropped registration leaves (and unsubscribes what no
     /// other waiter needs) at once.
-    pub(crate) async fn register(&self, keys: &[String], within: Duration) -> Registration {
+    pub(crate) fn register(
+        &self,
+        keys: &[String],
+        within: Duration,
+    ) -> Pin<Box<dyn Future<Output = Registration> + Send>> {
         let channels: Vec<Vec<u8>> = keys.iter().map(|k| keys::release_channel(k)).collect();
         let wake = Arc::new(Notify::new());
         let id = {
@@ -101,8 +112,10 @@ impl Waits {
             owes: false,
             granted: false,
         };
-        let _ = tokio::time::timeout(within, registration.confirmed()).await;
-        registration
+        Box::pin(async move {
+            let _ = tokio::time::timeout(within, registration.confirmed()).await;
+            registration
+        })
     }
 }
 
