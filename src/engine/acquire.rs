@@ -96,9 +96,18 @@ impl Inner {
             // it (a waiting future of 2.7 KB otherwise). Admitted: at most
             // `ATTEMPTS_IN_FLIGHT` at once (10,000 callers starting
             // together would otherwise hold 20 KB each for a moment).
-            let admitted = self.attempts.acquire().await;
-            let attempt = Box::pin(self.attempt(resources, ttl, split_rounds, learn));
-            let outcome = attempt.in_span(span).await;
+            // A free permit is taken without a future (the common case).
+            let admitted = match self.attempts.try_acquire() {
+                Ok(permit) => Ok(permit),
+                Err(_) => self.attempts.acquire().await,
+            };
+            // The attempt's future is made inside the box, never moved.
+            let attempt = Box::pin(async {
+                self.attempt(resources, ttl, split_rounds, learn)
+                    .in_span(span)
+                    .await
+            });
+            let outcome = attempt.await;
             drop(admitted);
             let outcome = match outcome {
                 Ok(lock) => {
