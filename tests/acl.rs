@@ -127,7 +127,7 @@ async fn a_user_without_scripts_releases_with_the_servers_native_delete() {
         .unwrap();
     let res = resource("acl-native");
     let key = format!("app:{res}");
-    if before_redis_7(&cluster) {
+    if redlock_harness::raw::before_redis_7(&cluster.urls()[0]) {
         // `SET … NX … GET` came in 7.0: older servers are sent a script,
         // which this user may not run. A clear error, nothing left behind.
         let err = redlock.lock(&res, TTL).await.unwrap_err();
@@ -158,24 +158,6 @@ async fn a_user_without_scripts_releases_with_the_servers_native_delete() {
         );
         println!("no native conditional delete on this server: the NOPERM error is shown");
     }
-}
-
-/// Whether the nodes run Redis before 7.0 (Valkey never does).
-fn before_redis_7(cluster: &Cluster) -> bool {
-    let info: String = redis::cmd("INFO")
-        .arg("server")
-        .query(&mut cluster.conn(0))
-        .unwrap();
-    let field = |name: &str| {
-        info.lines()
-            .find_map(|l| l.strip_prefix(name).and_then(|r| r.strip_prefix(':')))
-            .map(str::trim)
-    };
-    field("server_name") != Some("valkey")
-        && field("redis_version")
-            .and_then(|v| v.split('.').next())
-            .and_then(|m| m.parse::<u32>().ok())
-            .is_some_and(|major| major < 7)
 }
 
 /// The least-privilege rule of docs/operations.md, read from the page:

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use rand::RngExt;
 use redlock_harness::checker::Checker;
 use redlock_harness::fault::{self, plan};
+use redlock_harness::raw::{before_redis_7, calls, reset_stats};
 use redlock_harness::{Cluster, keys, resource};
 use redlock_quorum::{Error, NodeError, Redlock};
 
@@ -217,6 +218,55 @@ async fn a_manager_that_knew_a_node_as_old_does_not_count_it_once_it_lost_its_da
     let lock = redlock.try_lock(&res, MAX_TTL).await.unwrap();
     redlock.unlock(&lock).await.unwrap();
     cluster.node(2).restart();
+}
+
+/// Once a manager has seen a node's marker old enough, its guarded
+/// acquisitions there are a transaction (`MULTI`, the marker's `GET`, the
+/// `SET`, `EXEC`), not a script (Redis before 7.0 keeps the script); a key
+/// of the wrong type is still a typed error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_known_old_takes_the_guarded_acquisition_as_a_transaction() {
+    let cluster = Cluster::start(3);
+    age_markers(&cluster).await;
+    let redlock = guarded(&cluster);
+    let res = resource("guard-transaction");
+    let lock = redlock.try_lock(&res, MAX_TTL).await.unwrap();
+    redlock.unlock(&lock).await.unwrap();
+    for url in cluster.urls() {
+        reset_stats(url);
+    }
+    for _ in 0..10 {
+        let lock = redlock.try_lock(&res, MAX_TTL).await.unwrap();
+        redlock.unlock(&lock).await.unwrap();
+    }
+    for url in cluster.urls() {
+        if before_redis_7(url) {
+            // No `SET … NX … GET` to queue there: the script stays.
+            assert_eq!(calls(url, "evalsha"), 20, "{url}");
+            continue;
+        }
+        assert_eq!(
+            calls(url, "exec"),
+            10,
+            "{url}: a transaction per acquisition"
+        );
+        assert_eq!(
+            calls(url, "evalsha"),
+            10,
+            "{url}: scripts for releases only"
+        );
+    }
+    let wrong = resource("guard-wrong-type");
+    for i in 0..3 {
+        let _: () = redis::cmd("HSET")
+            .arg(&wrong)
+            .arg("f")
+            .arg("v")
+            .query(&mut cluster.conn(i))
+            .unwrap();
+    }
+    let err = redlock.try_lock(&wrong, MAX_TTL).await.unwrap_err();
+    assert!(err.to_string().contains("WRONGTYPE"), "{err}");
 }
 
 /// A marker that is not a generation (empty here, as a hand-made or

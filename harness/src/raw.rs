@@ -92,3 +92,23 @@ pub fn reset_stats(url: &str) {
         .query(&mut conn(url))
         .expect("CONFIG RESETSTAT");
 }
+
+/// Whether the node at `url` runs Redis before 7.0 (Valkey never does),
+/// by `INFO server`: such a node takes no `SET … NX … GET`, and the
+/// library sends it scripts instead.
+pub fn before_redis_7(url: &str) -> bool {
+    let info: String = redis::cmd("INFO")
+        .arg("server")
+        .query(&mut conn(url))
+        .expect("INFO server");
+    let field = |name: &str| {
+        info.lines()
+            .find_map(|l| l.strip_prefix(name).and_then(|r| r.strip_prefix(':')))
+            .map(str::trim)
+    };
+    field("server_name") != Some("valkey")
+        && field("redis_version")
+            .and_then(|v| v.split('.').next())
+            .and_then(|m| m.parse::<u32>().ok())
+            .is_some_and(|major| major < 7)
+}

@@ -37,9 +37,9 @@ use crate::engine::node::Node;
 use crate::protocol::durability::Durability;
 use crate::protocol::error::NodeError;
 use crate::protocol::quorum::{Ask, Reply};
-use crate::protocol::request::Marked;
 pub(crate) use crate::protocol::request::Request;
 use crate::protocol::request::unlock;
+use crate::protocol::request::{Marked, acquire};
 use crate::protocol::tally::Tally;
 #[cfg(feature = "tracing")]
 use crate::trace;
@@ -226,15 +226,39 @@ pub(crate) async fn call(
         compat = true;
     }
     let marked = request.marked();
-    let known = match marked {
+    let mut known = match marked {
         Marked::Known => node.known.get(),
         Marked::WithAge | Marked::No => None,
     };
+    // A guarded acquisition on a node known to be old: a transaction, not
+    // the script (see `acquire::known_old`).
+    let mut checked = match &known {
+        Some(_) if !compat => acquire::known_old(&request),
+        _ => None,
+    };
     loop {
         let mut conn = node.connection().await?;
-        let sent = run(&request, known.as_deref(), &mut conn.conn);
+        let sent = run(
+            checked.as_ref().unwrap_or(&request),
+            known.as_deref(),
+            &mut conn.conn,
+        );
         match tokio::time::timeout(timeout, sent).await {
             Err(_) => return Err(NodeError::Timeout),
+            Ok(Ok(value)) if checked.is_some() => {
+                let was = known.as_deref().unwrap_or_default();
+                match acquire::read_known_old(&value, was) {
+                    Ok(Some(short)) => return Ok(short),
+                    Ok(None) => {
+                        // The marker changed: the script reads its age.
+                        node.known.forget();
+                        known = None;
+                        checked = None;
+                        continue;
+                    }
+                    Err(e) => return Err(NodeError::from_redis(e)),
+                }
+            }
             Ok(Ok(value)) => {
                 if marked != Marked::No {
                     node.known.learn(&value, node.old_after);
@@ -242,6 +266,13 @@ pub(crate) async fn call(
                 return Ok(value);
             }
             Ok(Err(error)) => {
+                if checked.is_some() && !matches!(error, NodeError::Unreachable(_)) {
+                    // The transaction refused (a server that queues no
+                    // `SET … NX … GET`, say): the script, with its own
+                    // fallbacks, decides.
+                    checked = None;
+                    continue;
+                }
                 if !compat
                     && refuses_nx_get(&error)
                     && let Some(instead) = request.compat()

@@ -104,6 +104,11 @@ impl Known {
             .clone()
     }
 
+    /// Forgets the known generation (the node's marker changed).
+    pub(crate) fn forget(&self) {
+        *self.generation.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    }
+
     /// Learns from a marked script's reply: a full reply (`{body, age,
     /// generation}`) whose node is at least `old_after` old names the
     /// generation to send from now on; a node younger than that is

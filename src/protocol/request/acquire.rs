@@ -55,6 +55,65 @@ pub(crate) fn request(
     }
 }
 
+/// The guarded acquisition of one key ([`scripts::SET_MARKED`]) as a node
+/// whose marker the manager knows to be old takes it: `MULTI`, `GET` of the
+/// marker, `SET key token NX PX ttl GET`, `EXEC` (atomic, as the script, and
+/// cheaper for the node than a script: about 0.9 µs over a bare `SET`
+/// against 3.3 µs). Read by [`read_known_old`]. `None` for any other
+/// request.
+pub(crate) fn known_old(request: &Request) -> Option<Request> {
+    let Request::Script {
+        script, keys, args, ..
+    } = request
+    else {
+        return None;
+    };
+    if !std::ptr::eq(*script, &*scripts::SET_MARKED) {
+        return None;
+    }
+    let ([key, marker], [token, millis, _candidate]) = (&keys[..], &args[..]) else {
+        return None;
+    };
+    let mut pipe = redis::pipe();
+    pipe.atomic()
+        .cmd("GET")
+        .arg(marker.as_slice())
+        .cmd("SET")
+        .arg(key.as_slice())
+        .arg(token.as_slice())
+        .arg("NX")
+        .arg("PX")
+        .arg(millis.as_slice())
+        .arg("GET");
+    Some(Request::Pipe(Arc::new(pipe)))
+}
+
+/// Reads the reply of [`known_old`]: where the marker still holds `known`,
+/// the `SET`'s reply in the marked scripts' short form (`{body}`: the node
+/// is as old as it was, see
+/// [`Known`](crate::protocol::generation::Known)); `Ok(None)` where the
+/// marker changed (the node lost its data, or the marker was touched): the
+/// caller asks again with the script, which reads the marker's age (its
+/// `SET` then finds our own token, which is agreement). The `SET`'s error
+/// (a key of the wrong type) is the request's error.
+pub(crate) fn read_known_old(value: &Value, known: &[u8]) -> redis::RedisResult<Option<Value>> {
+    let Value::Array(parts) = value else {
+        return Ok(None);
+    };
+    let [marker, set] = parts.as_slice() else {
+        return Ok(None);
+    };
+    if let Value::ServerError(e) = set {
+        return Err(e.clone().into());
+    }
+    match marker {
+        Value::BulkString(held) if held.as_slice() == known && !known.is_empty() => {
+            Ok(Some(Value::Array(vec![set.clone()])))
+        }
+        _ => Ok(None),
+    }
+}
+
 /// How the reply of [`request`] is read.
 pub(crate) fn read<'a>(
     generation: &'a Generation,
