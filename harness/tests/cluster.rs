@@ -130,7 +130,13 @@ async fn the_key_layout_is_the_one_the_library_writes() {
     let key = format!("{prefix}{name}");
 
     let lock = holder.try_lock(name, TTL).await.unwrap();
-    assert_eq!(cluster.count(&key, lock.token()), 3, "the lock key");
+    // `try_lock` returns at the quorum: the third node's `SET` may still
+    // be on its way.
+    assert!(
+        cluster.eventually(Duration::from_secs(5), |c| c.count(&key, lock.token()) == 3),
+        "the lock key: {:?}",
+        cluster.values(&key)
+    );
     let token = holder.fencing_token(&lock).await.unwrap();
     assert!(cluster.eventually(Duration::from_secs(5), |c| {
         (0..3).all(|i| {
