@@ -3,9 +3,17 @@
 
 use redis::{ConnectionInfo, IntoConnectionInfo};
 
+pub(crate) use crate::engine::node::Target;
+
 /// Something that names one Redis node: a URL (`&str`, `String`) such as
 /// `redis://:password@10.0.0.1:6379/0` or `unix:///run/redis.sock`, or a
 /// [`redis::ConnectionInfo`] made by hand.
+///
+/// With the crate feature `cluster`, one node may be a whole Redis Cluster
+/// or Valkey Cluster: `redis+cluster://[user:password@]host:port,host:port`
+/// (`valkey+cluster://` is the same) lists some of its masters as seeds;
+/// the node's vote for a key is the vote of the master that owns the key's
+/// slot (see the crate docs, "Clusters as nodes").
 ///
 /// Sealed: implemented for those types only, so that a bad URL can be echoed
 /// in the error.
@@ -17,38 +25,103 @@ impl NodeAddress for &String {}
 impl NodeAddress for ConnectionInfo {}
 
 pub(crate) mod sealed {
-    use redis::ConnectionInfo;
+    use super::Target;
 
     /// The conversion behind [`NodeAddress`](super::NodeAddress).
     pub trait Sealed {
-        /// The connection info, or the entry (redacted) and what is wrong
+        /// What the entry names, or the entry (redacted) and what is wrong
         /// with it.
-        fn resolve(self) -> Result<ConnectionInfo, (String, String)>;
+        #[allow(private_interfaces)]
+        fn resolve(self) -> Result<Target, (String, String)>;
     }
 }
 
+#[allow(private_interfaces)]
 impl sealed::Sealed for &str {
-    fn resolve(self) -> Result<ConnectionInfo, (String, String)> {
-        parse(self)
+    fn resolve(self) -> Result<Target, (String, String)> {
+        parse_target(self)
     }
 }
 
+#[allow(private_interfaces)]
 impl sealed::Sealed for String {
-    fn resolve(self) -> Result<ConnectionInfo, (String, String)> {
-        parse(&self)
+    fn resolve(self) -> Result<Target, (String, String)> {
+        parse_target(&self)
     }
 }
 
+#[allow(private_interfaces)]
 impl sealed::Sealed for &String {
-    fn resolve(self) -> Result<ConnectionInfo, (String, String)> {
-        parse(self)
+    fn resolve(self) -> Result<Target, (String, String)> {
+        parse_target(self)
     }
 }
 
+#[allow(private_interfaces)]
 impl sealed::Sealed for ConnectionInfo {
-    fn resolve(self) -> Result<ConnectionInfo, (String, String)> {
-        Ok(self)
+    fn resolve(self) -> Result<Target, (String, String)> {
+        Ok(Target::Single(self))
     }
+}
+
+/// Parses a node URL, a cluster's included, or says what is wrong with it.
+fn parse_target(url: &str) -> Result<Target, (String, String)> {
+    let trimmed = url.trim();
+    let Some((scheme, rest)) = trimmed.split_once("://") else {
+        return parse(url).map(Target::Single);
+    };
+    match scheme {
+        "redis+cluster" | "valkey+cluster" => parse_cluster(url, rest),
+        "rediss+cluster" | "valkeys+cluster" => Err((
+            redact(url),
+            "TLS to a cluster node is not supported yet: use redis+cluster://".into(),
+        )),
+        _ => parse(url).map(Target::Single),
+    }
+}
+
+/// Parses the part after `redis+cluster://`: optional credentials, then
+/// comma-separated `host:port` seeds, then nothing but an optional `/` or
+/// `/0` (a cluster has database 0 only).
+#[cfg(feature = "cluster")]
+fn parse_cluster(url: &str, rest: &str) -> Result<Target, (String, String)> {
+    let fail = |reason: String| Err((redact(url), reason));
+    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(authority_end);
+    if !matches!(tail, "" | "/" | "/0") {
+        return fail(format!(
+            "`{tail}` after the seeds: a cluster has database 0 only and takes no options"
+        ));
+    }
+    let (credentials, hosts) = match authority.rsplit_once('@') {
+        Some((c, h)) => (Some(c), h),
+        None => (None, authority),
+    };
+    let mut seeds = Vec::new();
+    for host in hosts.split(',') {
+        let host = host.trim();
+        if host.is_empty() {
+            return fail("an empty seed between commas".into());
+        }
+        let single = match credentials {
+            Some(c) => format!("redis://{c}@{host}/"),
+            None => format!("redis://{host}/"),
+        };
+        match parse(&single) {
+            Ok(info) => seeds.push(info),
+            Err((_, reason)) => return fail(format!("seed `{host}`: {reason}")),
+        }
+    }
+    Ok(Target::Cluster(seeds))
+}
+
+#[cfg(not(feature = "cluster"))]
+fn parse_cluster(url: &str, _rest: &str) -> Result<Target, (String, String)> {
+    Err((
+        redact(url),
+        "a cluster node (redis+cluster://) needs the crate feature `cluster` of redlock-quorum"
+            .into(),
+    ))
 }
 
 /// Parses a node URL, or says what is wrong with it.
@@ -69,7 +142,7 @@ fn parse(url: &str) -> Result<ConnectionInfo, (String, String)> {
         }
         other => {
             return fail(format!(
-                "unknown scheme `{other}`: expected redis:// or unix://"
+                "unknown scheme `{other}`: expected redis://, unix:// or redis+cluster://"
             ));
         }
     }
@@ -149,6 +222,24 @@ mod tests {
         assert!(reason("redis://:hunter2@127.0.0.1:abc/").contains("port `abc`"));
         assert!(reason("redis://127.0.0.1:7001/zero").contains("database `zero`"));
         assert!(reason("redis://:hunter2@/").contains("no host"));
+    }
+
+    #[test]
+    fn cluster_urls_parse_or_say_why_not() {
+        let url = "redis+cluster://user:hunter2@10.0.0.1:7000,10.0.0.2:7001/";
+        let reason = |url: &str| parse_target(url).expect_err(url).1;
+        if cfg!(feature = "cluster") {
+            assert!(parse_target(url).is_ok(), "{url}");
+            assert!(parse_target("valkey+cluster://h:7000").is_ok());
+            assert!(reason("redis+cluster://h:7000,,h:7001").contains("empty seed"));
+            assert!(reason("redis+cluster://h:7000,h:99999").contains("seed `h:99999`"));
+            assert!(reason("redis+cluster://h:7000/3").contains("database 0 only"));
+        } else {
+            assert!(reason(url).contains("feature `cluster`"));
+        }
+        assert!(reason("rediss+cluster://h:7000").contains("not supported yet"));
+        let (entry, _) = parse_target("rediss+cluster://u:hunter2@h:7000").unwrap_err();
+        assert!(!entry.contains("hunter2"), "{entry}");
     }
 
     #[test]

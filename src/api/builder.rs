@@ -4,16 +4,15 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use redis::ConnectionInfo;
-
 use crate::api::address::NodeAddress;
+use crate::api::address::Target;
 use crate::api::address::sealed::Sealed;
 
 use crate::api::redlock::Redlock;
 use crate::engine::Inner;
 use crate::engine::config::Config;
 use crate::engine::lock::new_token;
-use crate::engine::node::{Identities, Node, label};
+use crate::engine::node::{Identities, Node, target_addrs, target_label};
 use crate::engine::retries::Retries;
 use crate::protocol::durability::Durability;
 use crate::protocol::error::Error;
@@ -67,7 +66,7 @@ pub const DEFAULT_DRIFT_FACTOR: f64 = 0.01;
 #[derive(Debug)]
 #[must_use = "a builder does nothing until `build` is called"]
 pub struct RedlockBuilder {
-    nodes: Vec<Result<ConnectionInfo, (String, String)>>,
+    nodes: Vec<Result<Target, (String, String)>>,
     config: Config,
 }
 
@@ -324,6 +323,18 @@ impl RedlockBuilder {
                 reason: "the confirmation timeout must be longer than zero and shorter than node_timeout",
             });
         }
+        #[cfg(feature = "cluster")]
+        if config.restart_guard.is_some()
+            && self
+                .nodes
+                .iter()
+                .any(|n| matches!(n, Ok(Target::Cluster(_))))
+        {
+            return Err(Error::InvalidSetting {
+                setting: "restart_guard",
+                reason: "not supported with cluster nodes yet (a cluster keeps no generation marker per slot)",
+            });
+        }
         let generation = Generation {
             marker: keys::marker_key(&config.key_prefix),
             candidate: new_token()?,
@@ -337,11 +348,14 @@ impl RedlockBuilder {
                 entry,
                 reason,
             })?;
-            let name = label(&info);
+            let name = target_label(&info);
             // Two databases of one server are one server: compare addresses
-            // without the database.
-            let addr = info.addr().to_string();
-            if let Some(first) = nodes.iter().position(|n| n.addr() == addr) {
+            // without the database (and a cluster by each of its seeds).
+            let addrs = target_addrs(&info);
+            if let Some(first) = nodes
+                .iter()
+                .position(|n| n.addrs().iter().any(|a| addrs.contains(a)))
+            {
                 return Err(Error::DuplicateNode {
                     index,
                     first,

@@ -32,7 +32,10 @@ use crate::protocol::timing::{self, Ttl};
 use crate::trace;
 
 pub(crate) mod acquire;
+#[cfg(feature = "cluster")]
+pub(crate) mod cluster;
 pub(crate) mod config;
+pub(crate) mod conn;
 pub(crate) mod counters;
 pub(crate) mod extend;
 pub(crate) mod fence;

@@ -38,10 +38,10 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
-use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, Client, ConnectionInfo, RedisError, RedisResult};
 
 use crate::engine::config::Config;
+pub(crate) use crate::engine::conn::NodeConn;
 use crate::protocol::error::NodeError;
 use crate::protocol::generation::Known;
 use crate::protocol::request::unlock::Native;
@@ -80,12 +80,56 @@ impl Identities {
     }
 }
 
+/// What one entry of the node list names (made once per entry, at build:
+/// its size does not matter).
+#[derive(Debug, Clone)]
+#[allow(clippy::large_enum_variant)]
+pub(crate) enum Target {
+    /// A standalone master.
+    Single(ConnectionInfo),
+    /// A cluster, by its seed masters.
+    #[cfg(feature = "cluster")]
+    Cluster(Vec<ConnectionInfo>),
+}
+
+/// The label of a node entry: `host:port` (see [`label`]), or for a
+/// cluster `cluster(host:port,host:port)`. Never a password.
+pub(crate) fn target_label(target: &Target) -> String {
+    match target {
+        Target::Single(info) => label(info),
+        #[cfg(feature = "cluster")]
+        Target::Cluster(seeds) => {
+            let seeds: Vec<String> = seeds.iter().map(|s| s.addr().to_string()).collect();
+            format!("cluster({})", seeds.join(","))
+        }
+    }
+}
+
+/// The addresses of a node entry, without databases: two entries that
+/// share one are one server.
+pub(crate) fn target_addrs(target: &Target) -> Vec<String> {
+    match target {
+        Target::Single(info) => vec![info.addr().to_string()],
+        #[cfg(feature = "cluster")]
+        Target::Cluster(seeds) => seeds.iter().map(|s| s.addr().to_string()).collect(),
+    }
+}
+
+/// How a node is reached (one per node, never moved: its size does not
+/// matter).
+#[allow(clippy::large_enum_variant)]
+enum Dial {
+    Single(Client),
+    #[cfg(feature = "cluster")]
+    Cluster(redis::cluster::ClusterClient),
+}
+
 /// A node of the Redlock quorum.
 pub(crate) struct Node {
     index: usize,
     label: String,
-    addr: String,
-    client: Client,
+    addrs: Vec<String>,
+    dial: Dial,
     connect_timeout: Duration,
     identities: Arc<Identities>,
     /// The connection and the failure state, behind a mutex that is never
@@ -125,7 +169,7 @@ struct Slot {
 }
 
 struct Live {
-    conn: MultiplexedConnection,
+    conn: NodeConn,
     runtime: tokio::runtime::Id,
     epoch: u64,
     /// Whether other runtimes may use it: made on a multi-thread runtime,
@@ -171,7 +215,7 @@ struct Failure {
 /// A connection handed out for one request, and the epoch to report a
 /// connection-level failure against.
 pub(crate) struct Conn {
-    pub(crate) conn: MultiplexedConnection,
+    pub(crate) conn: NodeConn,
     epoch: u64,
 }
 
@@ -188,27 +232,23 @@ impl std::fmt::Debug for Node {
 impl Node {
     pub(crate) fn new(
         index: usize,
-        info: ConnectionInfo,
+        target: Target,
         config: &Config,
         identities: Arc<Identities>,
     ) -> RedisResult<Self> {
-        let label = label(&info);
-        let addr = info.addr().to_string();
+        let label = target_label(&target);
+        let addrs = target_addrs(&target);
         let connect_timeout = config.connect_timeout;
-        #[cfg(feature = "tls")]
-        let client = match &config.tls {
-            Some(tls) if matches!(info.addr(), redis::ConnectionAddr::TcpTls { .. }) => {
-                Client::build_with_tls(info, tls.certificates())?
-            }
-            _ => Client::open(info)?,
+        let dial = match target {
+            Target::Single(info) => Dial::Single(single_client(info, config)?),
+            #[cfg(feature = "cluster")]
+            Target::Cluster(seeds) => Dial::Cluster(cluster_client(seeds, config)?),
         };
-        #[cfg(not(feature = "tls"))]
-        let client = Client::open(info)?;
         Ok(Node {
             index,
             label,
-            addr,
-            client,
+            addrs,
+            dial,
             connect_timeout,
             identities,
             slot: Mutex::new(Slot::default()),
@@ -260,9 +300,19 @@ impl Node {
             .store(true, std::sync::atomic::Ordering::Relaxed);
     }
 
-    /// `host:port` (or the socket path), without the database.
-    pub(crate) fn addr(&self) -> &str {
-        &self.addr
+    /// `host:port` (or the socket path), without the database; a
+    /// cluster's seeds.
+    pub(crate) fn addrs(&self) -> &[String] {
+        &self.addrs
+    }
+
+    /// Whether the node is a cluster (feature `cluster`).
+    pub(crate) fn is_cluster(&self) -> bool {
+        match self.dial {
+            Dial::Single(_) => false,
+            #[cfg(feature = "cluster")]
+            Dial::Cluster(_) => true,
+        }
     }
 
     fn lock_slot(&self) -> std::sync::MutexGuard<'_, Slot> {
@@ -371,15 +421,20 @@ impl Node {
 
     /// Connects, authenticates (as the URL says) and reads the server's
     /// `run_id`, all within the connect timeout.
-    async fn connect(&self) -> Result<(MultiplexedConnection, String), NodeError> {
+    async fn connect(&self) -> Result<(NodeConn, String), NodeError> {
         let config = AsyncConnectionConfig::new()
             .set_connection_timeout(Some(self.connect_timeout))
             .set_response_timeout(None);
         let work = async {
-            let mut conn = self
-                .client
-                .get_multiplexed_async_connection_with_config(&config)
-                .await?;
+            let mut conn = match &self.dial {
+                Dial::Single(client) => NodeConn::Single(
+                    client
+                        .get_multiplexed_async_connection_with_config(&config)
+                        .await?,
+                ),
+                #[cfg(feature = "cluster")]
+                Dial::Cluster(client) => NodeConn::Cluster(client.get_async_connection().await?),
+            };
             // A user whose ACL denies INFO (NOPERM) can still lock: the
             // server's identity and persistence are then unknown.
             let info = match info(&mut conn, &["server", "persistence"]).await {
@@ -395,7 +450,13 @@ impl Node {
                 let flag = if aof == "1" { 2 } else { 1 };
                 self.aof.store(flag, std::sync::atomic::Ordering::Relaxed);
             }
-            Ok::<_, RedisError>((conn, run_id(&info).unwrap_or_default()))
+            // A cluster answers `INFO` from one master at a time: its run id
+            // names no failure domain of the whole node.
+            let run_id = match conn.is_cluster() {
+                true => String::new(),
+                false => run_id(&info).unwrap_or_default(),
+            };
+            Ok::<_, RedisError>((conn, run_id))
         };
         match tokio::time::timeout(self.connect_timeout, work).await {
             Err(_) => Err(NodeError::Timeout),
@@ -410,10 +471,14 @@ impl Node {
     /// Still [`NodeError::Unreachable`] (a node restarting mid-handshake
     /// looks the same), only with the hint in its text.
     fn hint_tls(&self, err: RedisError) -> RedisError {
-        let plain = matches!(
-            self.client.get_connection_info().addr(),
-            redis::ConnectionAddr::Tcp(..)
-        );
+        let plain = match &self.dial {
+            Dial::Single(client) => matches!(
+                client.get_connection_info().addr(),
+                redis::ConnectionAddr::Tcp(..)
+            ),
+            #[cfg(feature = "cluster")]
+            Dial::Cluster(_) => true,
+        };
         if plain && err.is_connection_dropped() && !err.is_connection_refusal() {
             RedisError::from((
                 redis::ErrorKind::Io,
@@ -432,7 +497,13 @@ impl Node {
     /// # Cancel safety
     /// Cancel-safe: a dropped attempt leaves nothing behind.
     pub(crate) async fn pubsub(&self) -> Result<redis::aio::PubSub, NodeError> {
-        match tokio::time::timeout(self.connect_timeout, self.client.get_async_pubsub()).await {
+        #[allow(clippy::infallible_destructuring_match)]
+        let client = match &self.dial {
+            Dial::Single(client) => client,
+            #[cfg(feature = "cluster")]
+            Dial::Cluster(_) => return Err(NodeError::Unsupported("pub/sub on a cluster node")),
+        };
+        match tokio::time::timeout(self.connect_timeout, client.get_async_pubsub()).await {
             Err(_) => Err(NodeError::Timeout),
             Ok(Err(e)) => Err(NodeError::from_redis(self.hint_tls(e))),
             Ok(Ok(pubsub)) => Ok(pubsub),
@@ -452,20 +523,57 @@ impl Node {
 ///
 /// # Cancel safety
 /// Cancel-safe: it only reads.
-pub(crate) async fn info(
-    conn: &mut MultiplexedConnection,
-    sections: &[&str],
-) -> RedisResult<String> {
+pub(crate) async fn info(conn: &mut NodeConn, sections: &[&str]) -> RedisResult<String> {
     let mut cmd = redis::cmd("INFO");
     for section in sections {
         cmd.arg(*section);
     }
-    match cmd.query_async(conn).await {
+    match conn.ask_one(&cmd).await {
         Err(e) if sections.len() > 1 && sections_refused(&e) => {
-            redis::cmd("INFO").query_async(conn).await
+            conn.ask_one(&redis::cmd("INFO")).await
         }
         other => other,
     }
+}
+
+/// The client of a standalone node (over TLS where its URL says so).
+fn single_client(info: ConnectionInfo, config: &Config) -> RedisResult<Client> {
+    #[cfg(feature = "tls")]
+    if let Some(tls) = &config.tls
+        && matches!(info.addr(), redis::ConnectionAddr::TcpTls { .. })
+    {
+        return Client::build_with_tls(info, tls.certificates());
+    }
+    let _ = config;
+    Client::open(info)
+}
+
+/// The client of a cluster node. redis-rs routes each command to the master
+/// that owns its key's slot, follows `MOVED` and `ASK`, and retries
+/// `TRYAGAIN` and `CLUSTERDOWN` a few times, a few milliseconds apart, so
+/// that a retry still fits the node timeout (the round's own timeout bounds
+/// the whole request; a node that does not answer in time counts as not
+/// answering, never as a refusal).
+#[cfg(feature = "cluster")]
+fn cluster_client(
+    seeds: Vec<ConnectionInfo>,
+    config: &Config,
+) -> RedisResult<redis::cluster::ClusterClient> {
+    let mut builder = redis::cluster::ClusterClientBuilder::new(seeds.clone())
+        .connection_timeout(config.connect_timeout)
+        .retries(3)
+        .min_retry_wait(2)
+        .max_retry_wait(20);
+    if let Some(first) = seeds.first() {
+        let settings = first.redis_settings();
+        if let Some(user) = settings.username() {
+            builder = builder.username(user);
+        }
+        if let Some(password) = settings.password() {
+            builder = builder.password(password);
+        }
+    }
+    builder.build()
 }
 
 /// `host:port`, plus `/db` when the database is not 0. Never the password.

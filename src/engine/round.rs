@@ -24,7 +24,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::stream::{FuturesUnordered, StreamExt};
-use redis::aio::MultiplexedConnection;
 use redis::{Cmd, RedisResult, Value};
 use std::sync::atomic::AtomicBool;
 
@@ -33,7 +32,7 @@ use tokio::sync::Notify;
 use crate::engine::Inner;
 pub(crate) use crate::engine::inflight::InFlight;
 use crate::engine::inflight::{Mark, Settled};
-use crate::engine::node::Node;
+use crate::engine::node::{Node, NodeConn};
 use crate::protocol::durability::Durability;
 use crate::protocol::error::NodeError;
 use crate::protocol::quorum::{Ask, Reply};
@@ -46,11 +45,17 @@ use crate::trace;
 
 /// Sends `request` on `conn` and reads the raw reply. A marked script gets
 /// `known` (the node's known generation, or nothing) as its last argument.
-async fn run(
+pub(crate) async fn run(
     request: &Request,
     known: Option<&[u8]>,
-    conn: &mut MultiplexedConnection,
+    conn: &mut NodeConn,
 ) -> Result<Value, NodeError> {
+    #[cfg(feature = "cluster")]
+    if conn.is_cluster()
+        && let Some(split) = crate::protocol::request::shard::split(request)?
+    {
+        return crate::engine::cluster::run_split(split, known, conn).await;
+    }
     match request {
         Request::Durable { write, durability } => {
             run_durable(write, *durability, known, conn).await
@@ -74,7 +79,7 @@ fn known_arg(marked: Marked, known: Option<&[u8]>) -> &[u8] {
 async fn run_plain(
     request: &Request,
     known: Option<&[u8]>,
-    conn: &mut MultiplexedConnection,
+    conn: &mut NodeConn,
 ) -> RedisResult<Value> {
     match request {
         Request::Durable { write, .. } => Box::pin(run_plain(write, known, conn)).await,
@@ -109,7 +114,7 @@ async fn run_plain(
 
 /// Sends `pipe`; the first reply's error is the request's error, a later
 /// one is left in the array for the reader.
-async fn run_pipe(pipe: &redis::Pipeline, conn: &mut MultiplexedConnection) -> RedisResult<Value> {
+async fn run_pipe(pipe: &redis::Pipeline, conn: &mut NodeConn) -> RedisResult<Value> {
     let value: Value = pipe.query_async(conn).await?;
     if let Value::Array(replies) = &value
         && let Some(Value::ServerError(e)) = replies.first()
@@ -130,7 +135,7 @@ async fn run_durable(
     write: &Request,
     durability: Durability,
     known: Option<&[u8]>,
-    conn: &mut MultiplexedConnection,
+    conn: &mut NodeConn,
 ) -> Result<Value, NodeError> {
     let mut loaded = false;
     loop {

@@ -349,6 +349,9 @@ pub enum NodeError {
         /// Its address, without credentials.
         other_node: String,
     },
+    /// The node cannot do this at all: a cluster node asked for what needs
+    /// keys in other slots than the lock key's (fencing), say. Not retried.
+    Unsupported(&'static str),
 }
 
 /// Whether a connection failed in the TLS handshake: over a certificate (the
@@ -365,7 +368,18 @@ fn is_tls_failure(err: &redis::RedisError) -> bool {
 }
 
 /// The error codes a server sends when it cannot serve a request for now.
-const TRANSIENT_CODES: [&str; 5] = ["BUSY", "LOADING", "TRYAGAIN", "MASTERDOWN", "CLUSTERDOWN"];
+/// A cluster's redirections (`MOVED`, `ASK`) are among them: redis-rs
+/// follows them, and one that still reaches us (a slot moving twice within
+/// its retries) says nothing about the key.
+const TRANSIENT_CODES: [&str; 7] = [
+    "BUSY",
+    "LOADING",
+    "TRYAGAIN",
+    "MASTERDOWN",
+    "CLUSTERDOWN",
+    "MOVED",
+    "ASK",
+];
 
 impl NodeError {
     /// Whether the node was unreachable (timeout or connection failure) rather
@@ -440,6 +454,7 @@ impl fmt::Display for NodeError {
                 other_index,
                 other_node,
             } => write!(f, "the same server as node {other_index} ({other_node})"),
+            NodeError::Unsupported(what) => write!(f, "not supported: {what}"),
         }
     }
 }

@@ -69,6 +69,17 @@ pub(super) async fn run_link(shared: Weak<Shared>, index: usize, mut changes: mp
     // up, every waiter tries once more (a release may have come while the
     // subscription was down).
     let mut was_up = false;
+    if let Some(strong) = shared.upgrade()
+        && strong.nodes[index].is_cluster()
+    {
+        // A cluster node publishes no release its waiters could hear (they
+        // retry on the holder's expiry instead): the link stays down, and
+        // lives until the manager's registry lets it go.
+        set_status(&strong, index, Status::Down);
+        drop(strong);
+        while changes.recv().await.is_some() {}
+        return;
+    }
     loop {
         let Some(node) = shared.upgrade().map(|s| s.nodes[index].clone()) else {
             return;

@@ -69,6 +69,8 @@ pub(crate) mod extend;
 pub(crate) mod fence;
 pub(crate) mod handoff;
 pub(crate) mod register;
+#[cfg(feature = "cluster")]
+pub(crate) mod shard;
 pub(crate) mod unlock;
 
 /// The time a node is given for each key of a request past the first, on
