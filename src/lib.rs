@@ -135,7 +135,7 @@ mod engine;
 mod protocol;
 mod trace;
 
-pub use crate::api::address::NodeAddress;
+pub use crate::api::address::{NodeAddress, split_node_list};
 pub use crate::api::builder::{
     DEFAULT_CONNECT_TIMEOUT, DEFAULT_DRIFT_FACTOR, DEFAULT_NODE_TIMEOUT, DEFAULT_RENEW_CONCURRENCY,
     DEFAULT_RETRY_COUNT, DEFAULT_RETRY_DELAY, DEFAULT_RETRY_JITTER, RedlockBuilder,

@@ -239,12 +239,7 @@ impl Cluster {
 /// The URLs in `REDLOCK_NODES`, if it is set and not empty.
 pub fn external_nodes() -> Option<Vec<String>> {
     let raw = std::env::var("REDLOCK_NODES").ok()?;
-    let urls: Vec<String> = raw
-        .split(',')
-        .map(str::trim)
-        .filter(|s| !s.is_empty())
-        .map(str::to_owned)
-        .collect();
+    let urls = redlock_quorum::split_node_list(&raw);
     (!urls.is_empty()).then_some(urls)
 }
 

@@ -64,6 +64,39 @@ impl sealed::Sealed for ConnectionInfo {
     }
 }
 
+/// Splits a list of node URLs written as one string (`REDLOCK_NODES`, a
+/// command-line option) into its entries: at commas and semicolons, blanks
+/// dropped. A piece without a scheme (`host:port`) continues the entry
+/// before it, so that a cluster's seeds stay one entry:
+///
+/// ```
+/// use redlock_quorum::split_node_list;
+/// assert_eq!(
+///     split_node_list("redis+cluster://a:7000,b:7001, redis://c:6379/"),
+///     ["redis+cluster://a:7000,b:7001", "redis://c:6379/"]
+/// );
+/// assert_eq!(split_node_list("redis://a/;redis://b/"), ["redis://a/", "redis://b/"]);
+/// ```
+pub fn split_node_list(list: &str) -> Vec<String> {
+    let mut entries: Vec<String> = Vec::new();
+    for entry in list.split(';') {
+        let mut in_entry = false;
+        for piece in entry.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            match entries.last_mut() {
+                Some(last) if in_entry && !piece.contains("://") => {
+                    last.push(',');
+                    last.push_str(piece);
+                }
+                _ => {
+                    entries.push(piece.to_owned());
+                    in_entry = true;
+                }
+            }
+        }
+    }
+    entries
+}
+
 /// Parses a node URL, a cluster's included, or says what is wrong with it.
 fn parse_target(url: &str) -> Result<Target, (String, String)> {
     let trimmed = url.trim();

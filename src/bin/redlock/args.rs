@@ -125,7 +125,8 @@ and never prints a lock's token.",
 #[derive(Debug, Args)]
 pub(crate) struct NodeArgs {
     /// The Redis nodes: comma-separated URLs of independent masters, such
-    /// as `redis://10.0.0.1:6379/,redis://:password@10.0.0.2:6379/`.
+    /// as `redis://10.0.0.1:6379/,redis://:password@10.0.0.2:6379/`; a node
+    /// may be a whole cluster, `redis+cluster://host:port,host:port`.
     #[arg(
         long,
         env = "REDLOCK_NODES",
@@ -241,18 +242,10 @@ fn wait(s: &str) -> Result<Wait, String> {
 }
 
 impl NodeArgs {
-    /// The node URLs: `--nodes` or `REDLOCK_NODES`, split at commas, blanks
-    /// dropped.
+    /// The node URLs: `--nodes` or `REDLOCK_NODES`, split at commas (a
+    /// cluster's seeds stay one entry) and semicolons, blanks dropped.
     pub(crate) fn urls(&self) -> Result<Vec<String>, exit::Failure> {
-        let urls: Vec<String> = self
-            .nodes
-            .as_deref()
-            .unwrap_or("")
-            .split(',')
-            .map(str::trim)
-            .filter(|s| !s.is_empty())
-            .map(str::to_owned)
-            .collect();
+        let urls = redlock_quorum::split_node_list(self.nodes.as_deref().unwrap_or(""));
         if urls.is_empty() {
             return Err(exit::Failure::config(
                 "no Redis nodes: pass --nodes URL,URL,... or set REDLOCK_NODES",
