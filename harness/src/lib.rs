@@ -10,6 +10,10 @@
 //!   servers, or the ones `REDLOCK_NODES` names), a test builder, helpers to
 //!   read and plant keys on every node and to add ACL users, and unique
 //!   resource names ([`resource`]).
+//! - [`shards`]: real Redis Clusters ([`RedisCluster`], formed without
+//!   redis-cli) and groups of them ([`RedisClusters`]), the nodes of
+//!   Redlock over clusters: slot of a key, owner of a slot, slot migration
+//!   (whole or half-way), master kill, pause and failover.
 //! - [`raw`]: raw key checks on one node by URL (exists, ttl, value, keys).
 //! - [`keys`]: the names the library derives from a lock key or a key
 //!   prefix (fencing counter, generation marker, waiters, hand-off, release
@@ -31,7 +35,9 @@ pub mod keys;
 pub mod proxy;
 pub mod raw;
 pub mod server;
+pub mod shards;
 pub mod workload;
 
 pub use cluster::{Cluster, external_nodes, manager, reach_every_node, resource, warm};
 pub use server::RedisServer;
+pub use shards::{Migration, RedisCluster, RedisClusters};

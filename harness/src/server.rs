@@ -84,6 +84,9 @@ impl RedisServer {
     }
 
     fn spawn(&mut self) -> Result<(), String> {
+        // A failed try's server was dropped, and its drop removed the
+        // directory that the next try shares.
+        std::fs::create_dir_all(&self.dir).map_err(|e| format!("{}: {e}", self.dir.display()))?;
         let mut cmd = Command::new(redis_server_binary());
         cmd.args(["--port", &self.port.to_string()])
             .args(["--bind", "127.0.0.1"])
@@ -97,24 +100,34 @@ impl RedisServer {
             .args(&self.extra)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
-            .stderr(Stdio::null());
+            .stderr(Stdio::piped());
         let mut child = cmd.spawn().map_err(|e| e.to_string())?;
         let deadline = Instant::now() + Duration::from_secs(10);
         while Instant::now() < deadline {
             if let Ok(Some(status)) = child.try_wait() {
                 // Its log went to stdout: say why it stopped.
+                // A bad argument is reported on stderr, before the log.
                 let mut log = String::new();
                 if let Some(mut out) = child.stdout.take() {
                     use std::io::Read;
                     let _ = out.read_to_string(&mut log);
                 }
-                let last = log.lines().last().unwrap_or_default().to_owned();
+                if let Some(mut err) = child.stderr.take() {
+                    use std::io::Read;
+                    let _ = err.read_to_string(&mut log);
+                }
+                let last = log
+                    .lines()
+                    .rfind(|l| !l.trim().is_empty())
+                    .unwrap_or_default()
+                    .to_owned();
                 return Err(format!("port {}: exited {status}: {last}", self.port));
             }
             if self.pings() {
                 // Nobody reads its log from here on (the server ignores
                 // SIGPIPE, so a closed pipe cannot stop it).
                 drop(child.stdout.take());
+                drop(child.stderr.take());
                 self.child = Some(child);
                 self.paused = false;
                 return Ok(());

@@ -323,18 +323,6 @@ impl RedlockBuilder {
                 reason: "the confirmation timeout must be longer than zero and shorter than node_timeout",
             });
         }
-        #[cfg(feature = "cluster")]
-        if config.restart_guard.is_some()
-            && self
-                .nodes
-                .iter()
-                .any(|n| matches!(n, Ok(Target::Cluster(_))))
-        {
-            return Err(Error::InvalidSetting {
-                setting: "restart_guard",
-                reason: "not supported with cluster nodes yet (a cluster keeps no generation marker per slot)",
-            });
-        }
         let generation = Generation {
             marker: keys::marker_key(&config.key_prefix),
             candidate: new_token()?,

@@ -1,59 +1,125 @@
-//! A cluster node's share of a request over keys in several hash slots
-//! (feature `cluster`): one script per slot, all sent at once on the
-//! node's cluster connection, their replies combined into the node's one
-//! answer (see [`shard`](crate::protocol::request::shard)).
+//! What cluster nodes need beyond a round (feature `cluster`): the
+//! restart guard's generation markers, one per slot, made ahead. (A
+//! request over several slots is cut and combined in the round:
+//! [`run_split`](crate::engine::round::run_split).)
 
-use futures::future::join_all;
 use redis::Value;
 
-use crate::engine::node::NodeConn;
-use crate::engine::round::run;
-use crate::protocol::error::NodeError;
-use crate::protocol::request::shard::{self, Combine, Split};
+use std::sync::Arc;
 
-/// Runs each part of `split` (at once, each routed to its slot's master)
-/// and combines their replies. Where an acquisition's parts did not all
-/// set their keys (a refusal, an error, a timeout's cut), the parts that
-/// did are released quietly before the node answers, so that a node never
-/// keeps part of a set it did not agree to.
+use futures::StreamExt;
+
+use crate::engine::node::Node;
+use crate::protocol::generation::Generation;
+use crate::protocol::request::shard;
+use crate::protocol::scripts;
+
+/// How many marker requests one cluster node gets at once.
+const MARKERS_AT_ONCE: usize = 256;
+
+/// Under the restart guard, starts a task that gives every slot of every
+/// cluster node its generation marker where it is missing, born when it is
+/// set on that master's clock (the script's `TIME`; a marker already there
+/// keeps its age). So every slot of a cluster counts from the first
+/// manager's start, as a standalone node does, instead of each slot being
+/// young for the guard's `max_ttl` at its first lock.
 ///
-/// # Cancel safety
-/// Not cancel-safe: a part already sent runs on its master; dropped
-/// before the release of the parts that agreed, those keep their keys
-/// until the ttl (the round releases everywhere a lock it did not grant).
-pub(crate) async fn run_split(
-    split: Split,
-    known: Option<&[u8]>,
-    conn: &mut NodeConn,
-) -> Result<Value, NodeError> {
-    let Split {
-        combine,
-        parts,
-        token,
-    } = split;
-    let answers = join_all(parts.iter().map(|part| {
-        let mut conn = conn.clone();
-        async move { Box::pin(run(part, known, &mut conn)).await }
-    }))
-    .await;
-    let complete = answers
-        .iter()
-        .all(|a| matches!(a, Ok(v) if combine != Combine::Acquire || shard::acquired(v)));
-    if combine == Combine::Acquire && !complete {
-        let releases = parts
-            .iter()
-            .zip(&answers)
-            .filter(|(_, a)| matches!(a, Ok(v) if shard::acquired(v)))
-            .filter_map(|(part, _)| shard::release(part, &token));
-        let _ = join_all(releases.map(|release| {
-            let mut conn = conn.clone();
-            async move { Box::pin(run(&release, None, &mut conn)).await }
-        }))
-        .await;
+/// Each master, once all its slots have markers, gets a flag in one of its
+/// slots (`{<tag>}<prefix>`, `0xFF`, `generation-made`): a later manager
+/// reads the flags (one `GET` per master) and makes markers only for a
+/// master without one, one that is new or lost its data. A master that
+/// restarts empty while managers run loses its slots' markers with their
+/// keys: those slots are young again when next used, as they should be.
+pub(crate) fn make_markers(nodes: &[Arc<Node>], generation: &Generation) {
+    let nodes: Vec<Arc<Node>> = nodes.iter().filter(|n| n.is_cluster()).cloned().collect();
+    if nodes.is_empty() {
+        return;
     }
-    let mut replies = Vec::with_capacity(answers.len());
-    for answer in answers {
-        replies.push(answer?);
+    let marker = generation.marker.clone();
+    let candidate = generation.candidate.clone();
+    for node in nodes {
+        let (marker, candidate) = (marker.clone(), candidate.clone());
+        tokio::spawn(async move { mark_node(node, marker, candidate).await });
     }
-    Ok(shard::combine(combine, &replies))
+}
+
+/// [`make_markers`] on one cluster node: each master's slots, unless its
+/// flag says they were made.
+async fn mark_node(node: Arc<Node>, marker: Vec<u8>, candidate: String) {
+    let Ok(conn) = node.connection().await else {
+        return;
+    };
+    let mut conn = conn.conn;
+    let Ok(slots) = conn
+        .ask_one::<Value>(redis::cmd("CLUSTER").arg("SLOTS"))
+        .await
+    else {
+        return;
+    };
+    let mut flag = marker.to_vec();
+    flag.extend_from_slice(b"-made");
+    for ranges in masters(&slots) {
+        let Some(&(first, _)) = ranges.first() else {
+            continue;
+        };
+        let flag = shard::in_slot(&flag, first);
+        let made: Result<Option<Vec<u8>>, _> =
+            redis::cmd("GET").arg(&flag).query_async(&mut conn).await;
+        if !matches!(made, Ok(None)) {
+            continue;
+        }
+        let slots: Vec<u16> = ranges.iter().flat_map(|&(a, b)| a..=b).collect();
+        let results: Vec<bool> = futures::stream::iter(slots)
+            .map(|slot| {
+                let mut conn = conn.clone();
+                let key = shard::in_slot(&marker, slot);
+                let candidate = candidate.as_str();
+                async move {
+                    scripts::MARKER_INIT
+                        .key(key)
+                        .arg(candidate)
+                        .invoke_async::<Value>(&mut conn)
+                        .await
+                        .is_ok()
+                }
+            })
+            .buffer_unordered(MARKERS_AT_ONCE)
+            .collect()
+            .await;
+        if results.iter().all(|ok| *ok) {
+            let _: Result<(), _> = redis::cmd("SET")
+                .arg(&flag)
+                .arg(1)
+                .query_async(&mut conn)
+                .await;
+        }
+    }
+}
+
+/// The slot ranges of each master in a `CLUSTER SLOTS` reply, grouped by
+/// the master's address.
+fn masters(reply: &Value) -> Vec<Vec<(u16, u16)>> {
+    let Value::Array(ranges) = reply else {
+        return Vec::new();
+    };
+    let mut by_master: Vec<(Value, Vec<(u16, u16)>)> = Vec::new();
+    for range in ranges {
+        let Value::Array(parts) = range else {
+            continue;
+        };
+        let (Some(Value::Int(a)), Some(Value::Int(b)), Some(Value::Array(master))) =
+            (parts.first(), parts.get(1), parts.get(2))
+        else {
+            continue;
+        };
+        let (Ok(a), Ok(b)) = (u16::try_from(*a), u16::try_from(*b)) else {
+            continue;
+        };
+        let id = Value::Array(master.iter().take(2).cloned().collect());
+        match by_master.iter_mut().find(|(m, _)| *m == id) {
+            Some((_, list)) => list.push((a, b)),
+            None => by_master.push((id, vec![(a, b)])),
+        }
+    }
+    by_master.into_iter().map(|(_, list)| list).collect()
 }

@@ -37,6 +37,7 @@ pub(crate) mod cluster;
 pub(crate) mod config;
 pub(crate) mod conn;
 pub(crate) mod counters;
+pub(crate) mod dial;
 pub(crate) mod extend;
 pub(crate) mod fence;
 pub(crate) mod health;
@@ -115,6 +116,10 @@ impl Inner {
             .get_or_init(|| async {
                 let made =
                     futures::future::join_all(self.nodes.iter().map(|n| n.connection())).await;
+                #[cfg(feature = "cluster")]
+                if self.generation.guard.is_some() {
+                    crate::engine::cluster::make_markers(&self.nodes, &self.generation);
+                }
                 for (index, made) in made.into_iter().enumerate() {
                     let node = &self.nodes[index];
                     match made {

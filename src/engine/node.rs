@@ -38,10 +38,14 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
-use redis::{AsyncConnectionConfig, Client, ConnectionInfo, RedisError, RedisResult};
+use redis::{AsyncConnectionConfig, RedisError, RedisResult};
 
 use crate::engine::config::Config;
 pub(crate) use crate::engine::conn::NodeConn;
+#[cfg(feature = "cluster")]
+use crate::engine::dial::cluster_client;
+use crate::engine::dial::{Dial, single_client};
+pub(crate) use crate::engine::dial::{Target, target_addrs, target_label};
 use crate::protocol::error::NodeError;
 use crate::protocol::generation::Known;
 use crate::protocol::request::unlock::Native;
@@ -78,50 +82,6 @@ impl Identities {
             }
         }
     }
-}
-
-/// What one entry of the node list names (made once per entry, at build:
-/// its size does not matter).
-#[derive(Debug, Clone)]
-#[allow(clippy::large_enum_variant)]
-pub(crate) enum Target {
-    /// A standalone master.
-    Single(ConnectionInfo),
-    /// A cluster, by its seed masters.
-    #[cfg(feature = "cluster")]
-    Cluster(Vec<ConnectionInfo>),
-}
-
-/// The label of a node entry: `host:port` (see [`label`]), or for a
-/// cluster `cluster(host:port,host:port)`. Never a password.
-pub(crate) fn target_label(target: &Target) -> String {
-    match target {
-        Target::Single(info) => label(info),
-        #[cfg(feature = "cluster")]
-        Target::Cluster(seeds) => {
-            let seeds: Vec<String> = seeds.iter().map(|s| s.addr().to_string()).collect();
-            format!("cluster({})", seeds.join(","))
-        }
-    }
-}
-
-/// The addresses of a node entry, without databases: two entries that
-/// share one are one server.
-pub(crate) fn target_addrs(target: &Target) -> Vec<String> {
-    match target {
-        Target::Single(info) => vec![info.addr().to_string()],
-        #[cfg(feature = "cluster")]
-        Target::Cluster(seeds) => seeds.iter().map(|s| s.addr().to_string()).collect(),
-    }
-}
-
-/// How a node is reached (one per node, never moved: its size does not
-/// matter).
-#[allow(clippy::large_enum_variant)]
-enum Dial {
-    Single(Client),
-    #[cfg(feature = "cluster")]
-    Cluster(redis::cluster::ClusterClient),
 }
 
 /// A node of the Redlock quorum.
@@ -533,56 +493,6 @@ pub(crate) async fn info(conn: &mut NodeConn, sections: &[&str]) -> RedisResult<
             conn.ask_one(&redis::cmd("INFO")).await
         }
         other => other,
-    }
-}
-
-/// The client of a standalone node (over TLS where its URL says so).
-fn single_client(info: ConnectionInfo, config: &Config) -> RedisResult<Client> {
-    #[cfg(feature = "tls")]
-    if let Some(tls) = &config.tls
-        && matches!(info.addr(), redis::ConnectionAddr::TcpTls { .. })
-    {
-        return Client::build_with_tls(info, tls.certificates());
-    }
-    let _ = config;
-    Client::open(info)
-}
-
-/// The client of a cluster node. redis-rs routes each command to the master
-/// that owns its key's slot, follows `MOVED` and `ASK`, and retries
-/// `TRYAGAIN` and `CLUSTERDOWN` a few times, a few milliseconds apart, so
-/// that a retry still fits the node timeout (the round's own timeout bounds
-/// the whole request; a node that does not answer in time counts as not
-/// answering, never as a refusal).
-#[cfg(feature = "cluster")]
-fn cluster_client(
-    seeds: Vec<ConnectionInfo>,
-    config: &Config,
-) -> RedisResult<redis::cluster::ClusterClient> {
-    let mut builder = redis::cluster::ClusterClientBuilder::new(seeds.clone())
-        .connection_timeout(config.connect_timeout)
-        .retries(3)
-        .min_retry_wait(2)
-        .max_retry_wait(20);
-    if let Some(first) = seeds.first() {
-        let settings = first.redis_settings();
-        if let Some(user) = settings.username() {
-            builder = builder.username(user);
-        }
-        if let Some(password) = settings.password() {
-            builder = builder.password(password);
-        }
-    }
-    builder.build()
-}
-
-/// `host:port`, plus `/db` when the database is not 0. Never the password.
-pub(crate) fn label(info: &ConnectionInfo) -> String {
-    let db = info.redis_settings().db();
-    if db == 0 {
-        info.addr().to_string()
-    } else {
-        format!("{}/{db}", info.addr())
     }
 }
 

@@ -51,11 +51,76 @@ pub(crate) async fn run(
     conn: &mut NodeConn,
 ) -> Result<Value, NodeError> {
     #[cfg(feature = "cluster")]
-    if conn.is_cluster()
-        && let Some(split) = crate::protocol::request::shard::split(request)?
-    {
-        return crate::engine::cluster::run_split(split, known, conn).await;
+    if conn.is_cluster() {
+        use crate::protocol::request::shard;
+        if let Some(split) = shard::split(request)? {
+            return run_split(split, known, conn).await;
+        }
+        if let Some(local) = shard::localize(request) {
+            return Box::pin(run_local(&local, known, conn)).await;
+        }
     }
+    run_local(request, known, conn).await
+}
+
+/// A cluster node's share of a request over keys in several hash slots
+/// (see [`shard`](crate::protocol::request::shard)): runs each part of `split` (at once, each routed to its slot's master)
+/// and combines their replies. Where an acquisition's parts did not all
+/// set their keys (a refusal, an error, a timeout's cut), the parts that
+/// did are released quietly before the node answers, so that a node never
+/// keeps part of a set it did not agree to.
+///
+/// # Cancel safety
+/// Not cancel-safe: a part already sent runs on its master; dropped
+/// before the release of the parts that agreed, those keep their keys
+/// until the ttl (the round releases everywhere a lock it did not grant).
+#[cfg(feature = "cluster")]
+pub(crate) async fn run_split(
+    split: crate::protocol::request::shard::Split,
+    known: Option<&[u8]>,
+    conn: &mut NodeConn,
+) -> Result<Value, NodeError> {
+    use crate::protocol::request::shard::{self, Combine, Split};
+    use futures::future::join_all;
+    let Split {
+        combine,
+        parts,
+        token,
+        marked,
+    } = split;
+    let answers = join_all(parts.iter().map(|part| {
+        let mut conn = conn.clone();
+        async move { Box::pin(run(part, known, &mut conn)).await }
+    }))
+    .await;
+    let complete = answers
+        .iter()
+        .all(|a| matches!(a, Ok(v) if combine != Combine::Acquire || shard::acquired(v)));
+    if combine == Combine::Acquire && !complete {
+        let releases = parts
+            .iter()
+            .zip(&answers)
+            .filter(|(_, a)| matches!(a, Ok(v) if shard::acquired(v)))
+            .filter_map(|(part, _)| shard::release(part, &token));
+        let _ = join_all(releases.map(|release| {
+            let mut conn = conn.clone();
+            async move { Box::pin(run(&release, None, &mut conn)).await }
+        }))
+        .await;
+    }
+    let mut replies = Vec::with_capacity(answers.len());
+    for answer in answers {
+        replies.push(answer?);
+    }
+    Ok(shard::combine_marked(combine, marked, &replies))
+}
+
+/// [`run`] of a request a cluster node takes as it is.
+async fn run_local(
+    request: &Request,
+    known: Option<&[u8]>,
+    conn: &mut NodeConn,
+) -> Result<Value, NodeError> {
     match request {
         Request::Durable { write, durability } => {
             run_durable(write, *durability, known, conn).await
@@ -237,8 +302,10 @@ pub(crate) async fn call(
     };
     // A guarded acquisition on a node known to be old: a transaction, not
     // the script (see `acquire::known_old`).
+    // (Not on a cluster node: the transaction names the marker and the
+    // lock key in two slots.)
     let mut checked = match &known {
-        Some(_) if !compat => acquire::known_old(&request),
+        Some(_) if !compat && !node.is_cluster() => acquire::known_old(&request),
         _ => None,
     };
     loop {

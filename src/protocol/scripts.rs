@@ -219,6 +219,20 @@ end
 redis.call("set", KEYS[1], ARGV[1], "PX", ARGV[2])
 return false"#;
 
+/// `KEYS[1]` = a generation marker, `ARGV[1]` = the manager's candidate id:
+/// sets the marker as the marked scripts' prelude does where it is
+/// missing (`<now in ms>:<candidate>`, on the node's clock), and keeps one
+/// that is there. A cluster node's markers, one per slot, are made ahead
+/// with it ([`crate::engine::cluster::make_markers`]).
+#[cfg(feature = "cluster")]
+pub(crate) static MARKER_INIT: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r#"local clock = redis.call("time")
+local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+return redis.call("set", KEYS[1], now .. ":" .. ARGV[1], "NX")"#,
+    )
+});
+
 /// `KEYS[1]` = key, `ARGV[1]` = token. Returns 1 where the key holds the
 /// token, 0 elsewhere. Changes nothing.
 pub(crate) static CHECK: LazyLock<Script> = LazyLock::new(|| Script::new(CHECK_BODY));

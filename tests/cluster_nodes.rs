@@ -1,0 +1,368 @@
+//! Nodes that are each a whole Redis Cluster (feature `cluster`): real
+//! clusters of real `redis-server` processes (`cluster-enabled yes`),
+//! started by the harness on loopback ports.
+//!
+//! - locks, extension, verification and release on five clusters of three
+//!   masters, and contention judged by the checker;
+//! - locks on many resources, whose keys span slots and masters: one
+//!   script per slot, a partial acquisition released, nothing left behind;
+//! - a slot migrating while clients lock (the `ASK` window included);
+//! - a shard master killed and its replica promoted, with votes that a
+//!   replica acknowledged (`Durability::Replicas`);
+//! - what a cluster node cannot do yet gives a typed error;
+//! - a mixed list of standalone and cluster nodes.
+#![cfg(feature = "cluster")]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use redlock_harness::checker::Checker;
+use redlock_harness::shards::RedisClusters;
+use redlock_harness::workload::{self, Plan, Sink};
+use redlock_harness::{Cluster, resource};
+use redlock_quorum::{Durability, Error, NodeError, Redlock};
+
+const TTL: Duration = Duration::from_secs(10);
+
+fn manager(urls: &[String]) -> Redlock {
+    Redlock::builder(urls.iter().map(String::as_str))
+        .retry_delay(Duration::from_millis(5))
+        .retry_jitter(Duration::from_millis(10))
+        .build()
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_on_five_clusters_is_taken_extended_checked_and_released() {
+    let clusters = RedisClusters::start(5, 3, 0);
+    let (a, b) = (manager(&clusters.urls()), manager(&clusters.urls()));
+    let res = resource("c-basic");
+    let lock = a.lock(&res, TTL).await.unwrap();
+    assert!(lock.validity() > Duration::from_secs(9));
+    for cluster in clusters.iter() {
+        let held = cluster
+            .get(res.as_bytes())
+            .expect("the key on its slot's master");
+        assert_eq!(held, lock.token().as_bytes());
+    }
+    assert!(matches!(
+        b.try_lock(&res, TTL).await,
+        Err(Error::Conflict { .. })
+    ));
+    let lock = a.extend(&lock, TTL).await.unwrap();
+    assert!(a.verify(&lock).await.unwrap());
+    assert_eq!(a.unlock(&lock).await.unwrap(), 5);
+    let again = b.try_lock(&res, TTL).await.unwrap();
+    b.unlock(&again).await.unwrap();
+    for cluster in clusters.iter() {
+        assert!(cluster.keys_everywhere().is_empty());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_resources_span_slots_and_a_partial_vote_leaves_nothing() {
+    let clusters = RedisClusters::start(5, 3, 0);
+    let (a, b) = (manager(&clusters.urls()), manager(&clusters.urls()));
+    let names: Vec<String> = (0..40).map(|i| resource(&format!("c-many-{i}"))).collect();
+    let masters: std::collections::HashSet<usize> = names
+        .iter()
+        .map(|n| clusters[0].master_of(n.as_bytes()))
+        .collect();
+    assert_eq!(masters.len(), 3, "the set spans every master");
+    let lock = a.lock(names.as_slice(), TTL).await.unwrap();
+    // A set that overlaps in five names: on every cluster, the parts in the
+    // other slots set their keys, the overlapping part refused, and the
+    // parts that agreed were released at once.
+    let overlap: Vec<String> = names[35..]
+        .iter()
+        .cloned()
+        .chain((0..30).map(|i| resource(&format!("c-other-{i}"))))
+        .collect();
+    let refused = b.try_lock(overlap.as_slice(), TTL).await;
+    assert!(
+        matches!(refused, Err(Error::Conflict { .. })),
+        "{refused:?}"
+    );
+    for cluster in clusters.iter() {
+        let keys = cluster.keys_everywhere();
+        assert_eq!(keys.len(), 40, "only the held set: {keys:?}");
+    }
+    let lock = a.extend(&lock, TTL).await.unwrap();
+    assert!(a.verify(&lock).await.unwrap());
+    assert_eq!(a.unlock(&lock).await.unwrap(), 5);
+    for cluster in clusters.iter() {
+        assert!(cluster.keys_everywhere().is_empty());
+    }
+}
+
+/// The checker's workload (six contenders, one resource) on five clusters,
+/// while the slot of the resource migrates between two masters of two of
+/// them, begun and finished repeatedly, so that clients meet `ASK` and
+/// `MOVED`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn contention_with_a_slot_migrating_keeps_exclusion() {
+    let clusters = RedisClusters::start(5, 3, 0);
+    let res = resource("c-migrate");
+    let plan = Plan::new(
+        clusters.urls(),
+        res.clone(),
+        Duration::from_millis(800),
+        (1, 5),
+        false,
+        Duration::from_secs(4),
+    );
+    let checker = Arc::new(Checker::default());
+    let tasks: Vec<_> = (0..6)
+        .map(|i| {
+            let redlock = manager(&plan.urls);
+            let (plan, sink) = (plan.clone(), Sink::Checker(checker.clone()));
+            tokio::spawn(workload::contend(redlock, format!("task-{i}"), plan, sink))
+        })
+        .collect();
+    let mut moves = 0;
+    let end = std::time::Instant::now() + Duration::from_secs(3);
+    while std::time::Instant::now() < end {
+        for cluster in clusters.iter().take(2) {
+            let from = cluster.master_of(res.as_bytes());
+            let to = (from + 1) % 3;
+            let migration = cluster.begin_migration(res.as_bytes(), to);
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            migration.finish();
+            moves += 1;
+        }
+    }
+    let mut acquisitions = 0;
+    for task in tasks {
+        acquisitions += task.await.unwrap().acquisitions;
+    }
+    let report = checker.report();
+    println!(
+        "cluster slot migration: acquisitions {acquisitions}, slot moves {moves}, violations {}",
+        report.violations()
+    );
+    assert_eq!(report.violations(), 0, "{report:?}");
+    assert!(acquisitions > 10, "the workload ran: {acquisitions}");
+    assert!(moves >= 4);
+}
+
+/// Votes acknowledged by a replica survive a failover: after the masters
+/// that own the key die on three of five clusters and their replicas take
+/// over, the key is still there, and no second manager can take the lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acknowledged_votes_survive_a_shard_failover() {
+    let mut clusters = RedisClusters::start(5, 2, 1);
+    let durable = |urls: &[String]| {
+        Redlock::builder(urls.iter().map(String::as_str))
+            .node_timeout(Duration::from_millis(500))
+            .durability(Durability::Replicas {
+                replicas: 1,
+                timeout: Duration::from_millis(400),
+            })
+            .build()
+            .unwrap()
+    };
+    let (a, b) = (durable(&clusters.urls()), durable(&clusters.urls()));
+    let res = resource("c-failover");
+    let lock = a.lock(&res, Duration::from_secs(30)).await.unwrap();
+    // `lock` returned at a quorum: the slower clusters' writes may still
+    // be in flight. Once every replica has the key, every vote is
+    // acknowledged, and a failover anywhere keeps it.
+    let replicas_hold = |clusters: &RedisClusters| {
+        clusters.iter().all(|cluster| {
+            let master = cluster.master_of(res.as_bytes());
+            cluster.replica_ports(master).iter().all(|port| {
+                let url = format!("redis://127.0.0.1:{port}/");
+                let mut conn = redis::Client::open(url).unwrap().get_connection().unwrap();
+                let _: () = redis::cmd("READONLY").query(&mut conn).unwrap();
+                let held: Option<String> = redis::cmd("GET").arg(&res).query(&mut conn).unwrap();
+                held.as_deref() == Some(lock.token())
+            })
+        })
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !replicas_hold(&clusters) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "every replica has the key"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for i in 0..3 {
+        let cluster = &mut clusters[i];
+        let master = cluster.master_of(res.as_bytes());
+        cluster.kill_master(master);
+        cluster.failover(master);
+        eprintln!(
+            "cluster {i}: killed {master}, now {}",
+            cluster.master_of(res.as_bytes())
+        );
+        assert_eq!(
+            cluster.get(res.as_bytes()).as_deref(),
+            Some(lock.token().as_bytes()),
+            "cluster {i}: the promoted replica has the acknowledged key"
+        );
+    }
+    let second = b.try_lock(&res, Duration::from_secs(30)).await;
+    assert!(matches!(second, Err(Error::Conflict { .. })), "{second:?}");
+    assert!(a.verify(&lock).await.unwrap());
+    a.unlock(&lock).await.unwrap();
+}
+
+/// Fencing on cluster nodes: each slot keeps its own counter (named with a
+/// hash tag of that slot), so a resource's tokens grow as on standalone
+/// nodes; a set over several slots cannot be fenced (one counter for the
+/// set), and says so with a typed error; with a hash tag in the key prefix
+/// every key shares one slot and a set is fenced.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fencing_tokens_grow_per_resource_on_cluster_nodes() {
+    let clusters = RedisClusters::start(5, 3, 0);
+    let redlock = manager(&clusters.urls());
+    let res = resource("c-fence");
+    let mut last = 0;
+    for _ in 0..3 {
+        let lock = redlock.lock(&res, TTL).await.unwrap();
+        let token = redlock.fencing_token(&lock).await.unwrap();
+        assert!(token > last, "{token} after {last}");
+        last = token;
+        redlock.unlock(&lock).await.unwrap();
+    }
+    let set = [
+        resource("c-fence-a"),
+        resource("c-fence-b"),
+        resource("c-fence-c"),
+    ];
+    let lock = redlock.lock(set.as_slice(), TTL).await.unwrap();
+    match redlock.fencing_token(&lock).await {
+        Err(Error::Redis { failures, .. }) => assert!(
+            failures
+                .iter()
+                .all(|f| matches!(f.cause, NodeError::Unsupported(_))),
+            "{failures:?}"
+        ),
+        other => panic!("fencing a set over several slots: {other:?}"),
+    }
+    redlock.unlock(&lock).await.unwrap();
+    let tagged = Redlock::builder(clusters.urls().iter().map(String::as_str))
+        .key_prefix("{app}:")
+        .build()
+        .unwrap();
+    let lock = tagged.lock(set.as_slice(), TTL).await.unwrap();
+    let first = tagged.fencing_token(&lock).await.unwrap();
+    tagged.unlock(&lock).await.unwrap();
+    let lock = tagged.lock(&set[1], TTL).await.unwrap();
+    assert!(tagged.fencing_token(&lock).await.unwrap() > first);
+    tagged.unlock(&lock).await.unwrap();
+}
+
+/// The restart guard on cluster nodes: a generation marker per slot, made
+/// ahead for every slot when the manager starts; a master that loses its
+/// data (`FLUSHALL`, as a restart without persistence) makes its slots
+/// young again, on that cluster only, until the guard's `max_ttl` passed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_restart_guard_counts_a_slot_that_lost_its_data_only_once_old() {
+    let clusters = RedisClusters::start(5, 2, 0);
+    let max_ttl = Duration::from_secs(4);
+    let ttl = Duration::from_secs(1);
+    // One attempt per call, each node given time on a loaded machine: the
+    // failures then say what each node answered to that one attempt.
+    let guarded = Redlock::builder(clusters.urls().iter().map(String::as_str))
+        .restart_guard(max_ttl)
+        .retry_count(0)
+        .node_timeout(Duration::from_millis(500))
+        .build()
+        .unwrap();
+    let res = resource("c-guard");
+    // Not granted: a young node agrees but is not counted (the error is a
+    // conflict when a release of the attempt is still in flight somewhere).
+    let young = |result: Result<redlock_quorum::Lock, Error>, at_least: usize| {
+        let failures = match result {
+            Err(Error::NoQuorum { failures, .. } | Error::Conflict { failures, .. }) => failures,
+            other => panic!("a young quorum: {other:?}"),
+        };
+        let young = failures
+            .iter()
+            .filter(|f| matches!(f.cause, NodeError::Young { .. }))
+            .count();
+        assert!(young >= at_least, "{failures:?}");
+    };
+    // Every marker is younger than max_ttl, unless making them took that
+    // long on a loaded machine: then at most two of five count.
+    young(guarded.try_lock(&res, ttl).await, 3);
+    let markers = |cluster: &redlock_harness::shards::RedisCluster| -> usize {
+        (0..cluster.masters())
+            .map(|m| {
+                let keys: Vec<Vec<u8>> = redis::cmd("KEYS")
+                    .arg("*generation")
+                    .query(&mut cluster.master_conn(m))
+                    .unwrap();
+                keys.len()
+            })
+            .sum()
+    };
+    // Made ahead, in the background, for every slot.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while clusters.iter().any(|c| markers(c) < 16384) {
+        assert!(std::time::Instant::now() < deadline, "markers made ahead");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(clusters.iter().all(|c| markers(c) == 16384));
+    tokio::time::sleep(max_ttl + Duration::from_millis(200)).await;
+    let lock = guarded.try_lock(&res, ttl).await.unwrap();
+    guarded.unlock(&lock).await.unwrap();
+    for cluster in clusters.iter().take(3) {
+        let master = cluster.master_of(res.as_bytes());
+        let _: () = redis::cmd("FLUSHALL")
+            .query(&mut cluster.master_conn(master))
+            .unwrap();
+    }
+    young(guarded.try_lock(&res, ttl).await, 3);
+    tokio::time::sleep(max_ttl + Duration::from_millis(200)).await;
+    let lock = guarded.try_lock(&res, ttl).await.unwrap();
+    guarded.unlock(&lock).await.unwrap();
+}
+
+/// What a cluster node cannot do, or a cluster that does not answer: typed
+/// errors, no panic.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_that_does_not_answer_is_a_typed_error() {
+    let res = resource("c-dead");
+    let dead = Redlock::builder([
+        "redis+cluster://127.0.0.1:1,127.0.0.1:2",
+        "redis+cluster://127.0.0.1:3",
+        "redis+cluster://127.0.0.1:4",
+    ])
+    .connect_timeout(Duration::from_millis(200))
+    .retry_count(1)
+    .build()
+    .unwrap();
+    let failed = dead.try_lock(&res, TTL).await;
+    assert!(matches!(failed, Err(Error::NoQuorum { .. })), "{failed:?}");
+    let bad = Redlock::builder(["redis+cluster://127.0.0.1:7000,,127.0.0.1:7001"]).build();
+    assert!(
+        matches!(bad, Err(Error::InvalidNodeAddress { ref reason, .. }) if reason.contains("empty seed")),
+        "{bad:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn standalone_and_cluster_nodes_mix_and_waiters_get_the_lock() {
+    let clusters = RedisClusters::start(2, 2, 0);
+    let standalone = Cluster::start(3);
+    let urls: Vec<String> = clusters
+        .urls()
+        .into_iter()
+        .chain(standalone.urls().iter().cloned())
+        .collect();
+    let (a, b) = (manager(&urls), manager(&urls));
+    let res = resource("c-mixed");
+    let lock = a.lock(&res, Duration::from_secs(2)).await.unwrap();
+    let waiting = {
+        let (b, res) = (b.clone(), res.clone());
+        tokio::spawn(async move { b.lock_within(&res, TTL, Duration::from_secs(20)).await })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    a.unlock(&lock).await.unwrap();
+    let next = waiting.await.unwrap().unwrap();
+    assert!(b.verify(&next).await.unwrap());
+    b.unlock(&next).await.unwrap();
+}
