@@ -366,3 +366,80 @@ async fn standalone_and_cluster_nodes_mix_and_waiters_get_the_lock() {
     assert!(b.verify(&next).await.unwrap());
     b.unlock(&next).await.unwrap();
 }
+
+/// node-redlock 5 on ioredis `Cluster` clients and this crate on the same
+/// five clusters exclude each other, in both directions: the same plain
+/// lock key, each side's vote the key's slot master. (node-redlock runs a
+/// lock on several resources as one script over all its keys, so on a
+/// cluster its sets must share a hash tag; ours need not.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_redlock_on_ioredis_clusters_and_this_crate_exclude_each_other() {
+    let Some(dir) = redlock_harness::node_redlock::install() else {
+        assert!(
+            std::env::var_os("REDLOCK_REQUIRE_NODE").is_none(),
+            "node and npm (with the npm registry) are needed for the interop test"
+        );
+        eprintln!("skipped: node and npm (with the npm registry) are needed");
+        return;
+    };
+    let clusters = RedisClusters::start(5, 3, 0);
+    let specs: Vec<String> = clusters
+        .urls()
+        .iter()
+        .map(|u| u.replace("redis+cluster://", "cluster:"))
+        .collect();
+    let mut node = redlock_harness::node_redlock::NodeClient::spawn(&dir, &specs.join(";"));
+    let ours = manager(&clusters.urls());
+    let ttl = 10_000;
+    let a = resource("c-interop-a");
+    let tag = format!("{{{}}}", resource("c-interop-tag"));
+    let (b, c) = (format!("{tag}:b"), format!("{tag}:c"));
+
+    // node-redlock holds a: ours is refused, on the same key.
+    let answer = node.ask(&format!("acquire {a} {ttl}")).await;
+    let value = answer.strip_prefix("held ").expect(&answer).to_owned();
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while clusters
+        .iter()
+        .any(|cl| cl.get(a.as_bytes()).as_deref() != Some(value.as_bytes()))
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the plain key on every cluster"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let refused = ours.try_lock(&a, TTL).await;
+    assert!(
+        matches!(refused, Err(Error::Conflict { .. })),
+        "{refused:?}"
+    );
+    assert_eq!(node.ask("release").await, "released");
+    let lock = ours
+        .try_lock(&a, TTL)
+        .await
+        .expect("free after node's release");
+
+    // We hold a: node-redlock is refused, and leaves nothing.
+    let answer = node.ask(&format!("acquire {a} {ttl}")).await;
+    assert!(answer.starts_with("refused"), "{answer}");
+    ours.unlock(&lock).await.unwrap();
+
+    // Sets with a common hash tag, both ways.
+    let answer = node.ask(&format!("acquire {b},{c} {ttl}")).await;
+    assert!(answer.starts_with("held "), "{answer}");
+    let refused = ours.try_lock([&c, &a].as_slice(), TTL).await;
+    assert!(
+        matches!(refused, Err(Error::Conflict { .. })),
+        "{refused:?}"
+    );
+    assert_eq!(node.ask("release").await, "released");
+    let set = ours.try_lock([&b, &c].as_slice(), TTL).await.expect("ours");
+    let answer = node.ask(&format!("acquire {c} {ttl}")).await;
+    assert!(answer.starts_with("refused"), "{answer}");
+    ours.unlock(&set).await.unwrap();
+    node.quit().await;
+    for cluster in clusters.iter() {
+        assert!(cluster.keys_everywhere().is_empty(), "nothing left behind");
+    }
+}

@@ -3,15 +3,14 @@
 //! overlapping sets and with single locks, partial conflicts, the limits,
 //! the renewing guard, fencing, and node-redlock 5 on the same nodes.
 
-use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rand::RngExt;
 use redlock_harness::checker::Checker;
+use redlock_harness::node_redlock::{self, NodeClient};
 use redlock_harness::{Cluster, keys, resource};
 use redlock_quorum::{Error, MAX_RESOURCES};
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 
 const TTL: Duration = Duration::from_secs(10);
 
@@ -493,105 +492,9 @@ async fn a_set_fences_above_every_resource_and_every_later_holder_above_it() {
     redlock.unlock(&lock).await.unwrap();
 }
 
-/// The node side of the interop test: node-redlock 5 with ioredis. Reads
-/// commands on stdin, one per line, and answers on stdout.
-const NODE_SCRIPT: &str = r#"
-const Redis = require("ioredis");
-const Redlock = require("redlock").default;
-const readline = require("readline");
-const urls = process.argv[2].split(",");
-const clients = urls.map((u) => new Redis(u, { lazyConnect: false }));
-const redlock = new Redlock(clients, { retryCount: 0, driftFactor: 0.01 });
-redlock.on("error", () => {});
-let lock = null;
-const rl = readline.createInterface({ input: process.stdin });
-rl.on("line", async (line) => {
-  const [cmd, names, ttl] = line.trim().split(" ");
-  try {
-    if (cmd === "acquire") {
-      lock = await redlock.acquire(names.split(","), Number(ttl));
-      console.log("held " + lock.value);
-    } else if (cmd === "release") {
-      await lock.release();
-      lock = null;
-      console.log("released");
-    } else if (cmd === "quit") {
-      clients.forEach((c) => c.disconnect());
-      process.exit(0);
-    }
-  } catch (e) {
-    console.log("refused " + String(e.message).replace(/\n/g, " "));
-  }
-});
-"#;
-
-/// Whether `program --version` runs.
-fn available(program: &str) -> bool {
-    std::process::Command::new(program)
-        .arg("--version")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
-}
-
-/// A directory with node-redlock 5 and ioredis installed, reused across
-/// runs; `None` when node or npm is missing or the install fails.
-fn node_redlock() -> Option<std::path::PathBuf> {
-    if !available("node") || !available("npm") {
-        return None;
-    }
-    let dir = std::env::temp_dir().join("redlock-quorum-node-redlock-5");
-    if !dir.join("node_modules/redlock/package.json").exists()
-        || !dir.join("node_modules/ioredis/package.json").exists()
-    {
-        std::fs::create_dir_all(&dir).ok()?;
-        std::fs::write(dir.join("package.json"), r#"{"private":true}"#).ok()?;
-        // node-redlock 5 exists only as a pre-release, which `redlock@5`
-        // does not match.
-        let status = std::process::Command::new("npm")
-            .args([
-                "install",
-                "--no-audit",
-                "--no-fund",
-                "redlock@5.0.0-beta.2",
-                "ioredis",
-            ])
-            .current_dir(&dir)
-            .stdout(Stdio::null())
-            .status()
-            .ok()?;
-        if !status.success() {
-            return None;
-        }
-    }
-    std::fs::write(dir.join("interop.cjs"), NODE_SCRIPT).ok()?;
-    Some(dir)
-}
-
-struct NodeClient {
-    child: tokio::process::Child,
-    stdin: tokio::process::ChildStdin,
-    stdout: tokio::io::Lines<BufReader<tokio::process::ChildStdout>>,
-}
-
-impl NodeClient {
-    async fn ask(&mut self, line: &str) -> String {
-        self.stdin
-            .write_all(format!("{line}\n").as_bytes())
-            .await
-            .unwrap();
-        let answer = tokio::time::timeout(Duration::from_secs(20), self.stdout.next_line())
-            .await
-            .expect("node answers in time")
-            .unwrap();
-        answer.expect("node still runs")
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn node_redlock_and_this_crate_exclude_each_other_on_sets() {
-    let Some(dir) = node_redlock() else {
+    let Some(dir) = node_redlock::install() else {
         // CI sets REDLOCK_REQUIRE_NODE, so there a missing peer fails the
         // test instead of passing it unseen.
         assert!(
@@ -603,19 +506,7 @@ async fn node_redlock_and_this_crate_exclude_each_other_on_sets() {
     };
     let cluster = Cluster::shared(5);
     let redlock = cluster.redlock();
-    let mut child = tokio::process::Command::new("node")
-        .arg(dir.join("interop.cjs"))
-        .arg(cluster.urls().join(","))
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("node starts");
-    let mut node = NodeClient {
-        stdin: child.stdin.take().unwrap(),
-        stdout: BufReader::new(child.stdout.take().unwrap()).lines(),
-        child,
-    };
+    let mut node = NodeClient::spawn(&dir, &cluster.urls().join(";"));
     let (a, b, c) = (
         resource("interop-a"),
         resource("interop-b"),
@@ -665,8 +556,7 @@ async fn node_redlock_and_this_crate_exclude_each_other_on_sets() {
     let answer = node.ask(&format!("acquire {a},{b},{c} {ttl}")).await;
     assert!(answer.starts_with("held "), "{answer}");
     assert_eq!(node.ask("release").await, "released");
-    let _ = node.stdin.write_all(b"quit\n").await;
-    let _ = tokio::time::timeout(Duration::from_secs(5), node.child.wait()).await;
+    node.quit().await;
     assert!(gone(&[&a, &b, &c]), "nothing left behind");
 }
 

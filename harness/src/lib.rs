@@ -32,6 +32,7 @@ pub mod checker;
 pub mod cluster;
 pub mod fault;
 pub mod keys;
+pub mod node_redlock;
 pub mod proxy;
 pub mod raw;
 pub mod server;
