@@ -145,6 +145,78 @@ async fn contention_with_a_slot_migrating_keeps_exclusion() {
     assert!(moves >= 4);
 }
 
+/// The checker's workload on five clusters (two masters and a replica
+/// each, votes acknowledged by a replica) while the master that owns the
+/// resource is paused and resumed on two clusters, and then paused and
+/// replaced by its replica (the old master comes back as a replica) on one
+/// of them: 0 violations.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn contention_with_masters_paused_and_failed_over_keeps_exclusion() {
+    let clusters = RedisClusters::start(5, 2, 1);
+    let res = resource("c-faults");
+    let urls = clusters.urls();
+    let plan = Plan::new(
+        urls.clone(),
+        res.clone(),
+        Duration::from_millis(1500),
+        (1, 5),
+        false,
+        Duration::from_secs(5),
+    );
+    let checker = Arc::new(Checker::default());
+    let tasks: Vec<_> = (0..6)
+        .map(|i| {
+            let redlock = Redlock::builder(urls.iter().map(String::as_str))
+                .node_timeout(Duration::from_millis(300))
+                .durability(Durability::Replicas {
+                    replicas: 1,
+                    timeout: Duration::from_millis(200),
+                })
+                .retry_delay(Duration::from_millis(5))
+                .retry_jitter(Duration::from_millis(10))
+                .build()
+                .unwrap();
+            let (plan, sink) = (plan.clone(), Sink::Checker(checker.clone()));
+            tokio::spawn(workload::contend(redlock, format!("task-{i}"), plan, sink))
+        })
+        .collect();
+    let key = res.clone();
+    let faults = tokio::task::spawn_blocking(move || {
+        let mut clusters = clusters;
+        let mut faults = 0;
+        for round in 0..2 {
+            for i in [round, round + 1] {
+                let master = clusters[i].master_of(key.as_bytes());
+                clusters[i].pause_master(master);
+                std::thread::sleep(Duration::from_millis(400));
+                clusters[i].resume_master(master);
+                faults += 1;
+            }
+            clusters[round].wait_ok();
+            clusters[round + 1].wait_ok();
+        }
+        let master = clusters[0].master_of(key.as_bytes());
+        clusters[0].pause_master(master);
+        clusters[0].failover(master);
+        clusters[0].resume_master(master);
+        (faults + 1, clusters)
+    })
+    .await
+    .unwrap();
+    let (faults, _clusters) = faults;
+    let mut acquisitions = 0;
+    for task in tasks {
+        acquisitions += task.await.unwrap().acquisitions;
+    }
+    let report = checker.report();
+    println!(
+        "cluster faults: acquisitions {acquisitions}, faults injected {faults}, violations {}",
+        report.violations()
+    );
+    assert_eq!(report.violations(), 0, "{report:?}");
+    assert!(acquisitions > 10, "the workload ran: {acquisitions}");
+}
+
 /// Votes acknowledged by a replica survive a failover: after the masters
 /// that own the key die on three of five clusters and their replicas take
 /// over, the key is still there, and no second manager can take the lock.
