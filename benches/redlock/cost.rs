@@ -96,29 +96,62 @@ impl Nodes {
     pub(crate) async fn commands(&self) -> BTreeMap<String, (u64, u64)> {
         let mut out: BTreeMap<String, (u64, u64)> = BTreeMap::new();
         for c in &self.conns {
-            for line in info(c, "commandstats").await.lines() {
-                let Some((name, rest)) = line
-                    .strip_prefix("cmdstat_")
-                    .and_then(|l| l.split_once(':'))
-                else {
-                    continue;
-                };
-                if name == "info" || name.starts_with("config") {
-                    continue;
-                }
-                let field = |key: &str| {
-                    rest.split(',')
-                        .find_map(|kv| kv.strip_prefix(key))
-                        .and_then(|v| v.parse::<u64>().ok())
-                        .unwrap_or(0)
-                };
+            for (name, calls, usec) in command_stats(&info(c, "commandstats").await) {
                 let e = out.entry(name.to_owned()).or_default();
-                e.0 += field("calls=");
-                e.1 += field("usec=");
+                e.0 += calls;
+                e.1 += usec;
             }
         }
         out
     }
+
+    /// Each node's calls of every command since its last reset (or start),
+    /// in the nodes' order; the statistics' own `INFO` and `CONFIG` left
+    /// out. Scenario 10 takes differences, without a reset.
+    pub(crate) async fn calls(&self) -> Vec<u64> {
+        let mut out = Vec::with_capacity(self.conns.len());
+        for c in &self.conns {
+            let stats = info(c, "commandstats").await;
+            out.push(command_stats(&stats).map(|(_, calls, _)| calls).sum());
+        }
+        out
+    }
+
+    /// Each node's socket reads so far (`INFO stats`,
+    /// `total_reads_processed`), in the nodes' order: with
+    /// [`Nodes::calls`], how many commands one read brought.
+    pub(crate) async fn reads(&self) -> Vec<u64> {
+        let mut out = Vec::with_capacity(self.conns.len());
+        for c in &self.conns {
+            let stats = info(c, "stats").await;
+            out.push(
+                stats
+                    .lines()
+                    .find_map(|l| l.strip_prefix("total_reads_processed:"))
+                    .and_then(|v| v.trim().parse().ok())
+                    .unwrap_or(0),
+            );
+        }
+        out
+    }
+}
+
+/// (name, calls, microseconds) of each `cmdstat_` line of `INFO
+/// commandstats`, but `INFO` and `CONFIG`: the statistics' own.
+fn command_stats(info: &str) -> impl Iterator<Item = (&str, u64, u64)> {
+    info.lines().filter_map(|line| {
+        let (name, rest) = line.strip_prefix("cmdstat_")?.split_once(':')?;
+        if name == "info" || name.starts_with("config") {
+            return None;
+        }
+        let field = |key: &str| {
+            rest.split(',')
+                .find_map(|kv| kv.strip_prefix(key))
+                .and_then(|v| v.parse::<u64>().ok())
+                .unwrap_or(0)
+        };
+        Some((name, field("calls="), field("usec=")))
+    })
 }
 
 async fn info(c: &MultiplexedConnection, section: &str) -> String {

@@ -6,6 +6,7 @@
 //! cargo bench -p redlock-bench --bench redlock              # full run, a few minutes
 //! cargo bench -p redlock-bench --bench redlock -- --quick   # under a minute
 //! cargo bench -p redlock-bench --bench redlock -- --only 6,6c  # scenario 1 (the floor) and those
+//! cargo bench -p redlock-bench --bench redlock -- --only 10     # clusters as nodes
 //! cargo bench -p redlock-bench --bench redlock -- --profile-seconds 10  # scenario 5's loop, ours only
 //! ```
 //!
@@ -33,8 +34,12 @@
 //! - `heap`: the counting allocator behind the memory figures of scenarios
 //!   6e and 7.
 //! - `waiters`: scenario 6e, what 10,000 waiters cost the client's memory.
+//! - `cluster_nodes`: scenario 10, Redis Clusters of 1, 2 and 3 masters as
+//!   the five nodes, against standalone nodes (the crate's `cluster`
+//!   feature; the bench starts the clusters itself).
 
 mod chart;
+mod cluster_nodes;
 mod contend;
 mod cost;
 mod docs;
@@ -239,6 +244,10 @@ async fn run(quick: bool, only: Option<Vec<String>>, no_docs: bool) {
     timed!("7", scenario_guards(&env, &mut report).await);
     timed!("8", scenario_two_resources(&env, &mut report).await);
     timed!("9", scenario_safety_options(&env, &mut report).await);
+    timed!(
+        "10",
+        cluster_nodes::scenario_cluster_nodes(&env, &mut report).await
+    );
     println!(
         "\nscenario wall times (s): {}",
         times

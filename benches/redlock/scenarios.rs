@@ -1,7 +1,8 @@
 //! The scenarios, numbered as in the report: 1 healthy, 2 per-node latency,
 //! 3 two nodes down, 4 validity, 5 throughput (5b what a cycle costs), 6 contention hand-off (6b waiting cost, 6c across OS processes, 6d starvation),
 //! 7 many guards under the watchdog, 8 two resources as one set or as two
-//! single locks.
+//! single locks, 9 the restart-safety options. Scenario 6e lives in
+//! `waiters`, scenario 10 (clusters as nodes) in `cluster_nodes`.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -290,28 +291,47 @@ pub(crate) async fn throughput_slice(
     round: usize,
     slice: Duration,
 ) -> (u64, Duration) {
+    let s = s.clone();
+    run_slice(THROUGHPUT_TASKS, slice, move |t, i| {
+        let s = s.clone();
+        async move {
+            let res = format!("bench:tp:{round}:{t}:{i}");
+            s.acquire_release(who, &res, TTL).await.is_some()
+        }
+    })
+    .await
+}
+
+/// `tasks` tasks, each running `cycle(task, i)` for i = 0, 1, ... until
+/// `slice` has passed; a cycle counts when it returns true. Returns the
+/// cycles counted and the time until every task ended (its last cycle
+/// included). The throughput scenarios (5, 8, 9b, 10) all measure with it.
+pub(crate) async fn run_slice<F, Fut>(tasks: usize, slice: Duration, cycle: F) -> (u64, Duration)
+where
+    F: Fn(usize, u64) -> Fut + Clone + Send + Sync + 'static,
+    Fut: Future<Output = bool> + Send,
+{
     let count = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(AtomicBool::new(false));
     let start = Instant::now();
-    let tasks: Vec<_> = (0..THROUGHPUT_TASKS)
+    let handles: Vec<_> = (0..tasks)
         .map(|t| {
-            let (count, stop, s) = (count.clone(), stop.clone(), s.clone());
+            let (count, stop, cycle) = (count.clone(), stop.clone(), cycle.clone());
             tokio::spawn(async move {
                 let mut i = 0u64;
                 while !stop.load(Ordering::Relaxed) {
-                    let res = format!("bench:tp:{round}:{t}:{i}");
-                    i += 1;
-                    if s.acquire_release(who, &res, TTL).await.is_some() {
+                    if cycle(t, i).await {
                         count.fetch_add(1, Ordering::Relaxed);
                     }
+                    i += 1;
                 }
             })
         })
         .collect();
     tokio::time::sleep(slice).await;
     stop.store(true, Ordering::Relaxed);
-    for t in tasks {
-        let _ = t.await;
+    for h in handles {
+        let _ = h.await;
     }
     (count.load(Ordering::Relaxed), start.elapsed())
 }
@@ -844,30 +864,13 @@ where
     for round in 0..slices {
         for step in 0..ways {
             let k = (round + step) % ways;
-            let count = Arc::new(AtomicU64::new(0));
-            let stop = Arc::new(AtomicBool::new(false));
-            let start = Instant::now();
-            let handles: Vec<_> = (0..tasks)
-                .map(|t| {
-                    let (count, stop, cycle) = (count.clone(), stop.clone(), cycle.clone());
-                    tokio::spawn(async move {
-                        let mut i = 0u64;
-                        while !stop.load(Ordering::Relaxed) {
-                            i += 1;
-                            if cycle(k, format!("{round}:{t}:{i}")).await {
-                                count.fetch_add(1, Ordering::Relaxed);
-                            }
-                        }
-                    })
-                })
-                .collect();
-            tokio::time::sleep(slice).await;
-            stop.store(true, Ordering::Relaxed);
-            for h in handles {
-                let _ = h.await;
-            }
-            cycles[k] += count.load(Ordering::Relaxed);
-            elapsed[k] += start.elapsed();
+            let cycle = cycle.clone();
+            let (n, took) = run_slice(tasks, slice, move |t, i| {
+                cycle(k, format!("{round}:{t}:{}", i + 1))
+            })
+            .await;
+            cycles[k] += n;
+            elapsed[k] += took;
         }
     }
     (0..ways)
