@@ -13,7 +13,7 @@ use redlock_quorum::{Error, Redlock};
 /// `REDLOCK_NODES` (comma-separated URLs), or five local nodes.
 fn nodes() -> Vec<String> {
     match std::env::var("REDLOCK_NODES") {
-        Ok(list) => list.split(',').map(|url| url.trim().to_owned()).collect(),
+        Ok(list) => redlock_quorum::split_node_list(&list),
         Err(_) => (7001..=7005)
             .map(|port| format!("redis://127.0.0.1:{port}/"))
             .collect(),

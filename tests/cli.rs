@@ -1017,3 +1017,54 @@ fn a_supervisor_killed_after_the_command_exited_takes_what_it_left_behind() {
     let holding = cluster.values(&name).iter().flatten().count();
     assert!(holding >= 3, "the keys expired before the test could look");
 }
+
+/// The command on cluster nodes (`redis+cluster://`, the seeds of each
+/// cluster one entry of `REDLOCK_NODES`): `run` holds the lock while its
+/// child runs, a second `run` is refused, and `status` reads each
+/// cluster's slot master.
+#[test]
+fn run_and_status_work_on_cluster_nodes() {
+    let clusters = redlock_harness::shards::RedisClusters::start(3, 2, 0);
+    let nodes = clusters.urls().join(",");
+    let dir = scratch("clusters");
+    let name = resource("clusters");
+    let command = |args: &[&str]| {
+        let mut cmd = Command::new(binary());
+        cmd.args(args)
+            .env("REDLOCK_NODES", &nodes)
+            .env("DIR", &dir)
+            .stdin(Stdio::null());
+        cmd
+    };
+    let mut holder = command(&[
+        "run",
+        "--node-timeout",
+        "1s",
+        &name,
+        "--shell",
+        "--",
+        "touch \"$DIR/held\"; while [ ! -e \"$DIR/done\" ]; do sleep 0.02; done",
+    ])
+    .spawn()
+    .expect("spawn");
+    wait_for_file(&dir.join("held"), Duration::from_secs(30));
+    let second = output(command(&[
+        "run",
+        "--node-timeout",
+        "1s",
+        &name,
+        "--shell",
+        "--",
+        "true",
+    ]));
+    assert_eq!(code(second.status), HELD, "{second:?}");
+    let held = output(command(&["status", "--node-timeout", "5s", &name]));
+    let stdout = String::from_utf8_lossy(&held.stdout);
+    assert_eq!(code(held.status), 0, "{stdout}");
+    assert_eq!(stdout.matches("held, expires in").count(), 3, "{stdout}");
+    std::fs::write(dir.join("done"), "").expect("done");
+    let status = wait_within(&mut holder, Duration::from_secs(60));
+    assert_eq!(code(status), 0);
+    let free = output(command(&["status", "--node-timeout", "5s", &name]));
+    assert_eq!(code(free.status), 1, "{free:?}");
+}

@@ -409,6 +409,17 @@ async fn a_cluster_that_does_not_answer_is_a_typed_error() {
     .unwrap();
     let failed = dead.try_lock(&res, TTL).await;
     assert!(matches!(failed, Err(Error::NoQuorum { .. })), "{failed:?}");
+    // A cluster's masters named as standalone nodes: the two that do not own
+    // the key answer MOVED, which no retry fixes, and the error says what
+    // to write instead.
+    let cluster = redlock_harness::shards::RedisCluster::start(3, 0);
+    let shards: Vec<String> = (0..3).map(|m| cluster.master_url(m)).collect();
+    let wrong = manager(&shards);
+    match wrong.lock(&res, TTL).await {
+        Err(e @ Error::Redis { .. }) => assert!(e.to_string().contains("redis+cluster://"), "{e}"),
+        other => panic!("a cluster's shards as nodes: {other:?}"),
+    }
+    assert!(cluster.keys_everywhere().is_empty(), "nothing left behind");
     let bad = Redlock::builder(["redis+cluster://127.0.0.1:7000,,127.0.0.1:7001"]).build();
     assert!(
         matches!(bad, Err(Error::InvalidNodeAddress { ref reason, .. }) if reason.contains("empty seed")),

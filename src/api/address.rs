@@ -100,6 +100,14 @@ pub fn split_node_list(list: &str) -> Vec<String> {
 /// Parses a node URL, a cluster's included, or says what is wrong with it.
 fn parse_target(url: &str) -> Result<Target, (String, String)> {
     let trimmed = url.trim();
+    if trimmed.matches("://").count() > 1 {
+        return Err((
+            redact(url),
+            "several URLs in one entry: give each node as an entry of its own \
+             (split a list with redlock_quorum::split_node_list)"
+                .into(),
+        ));
+    }
     let Some((scheme, rest)) = trimmed.split_once("://") else {
         return parse(url).map(Target::Single);
     };
@@ -107,7 +115,7 @@ fn parse_target(url: &str) -> Result<Target, (String, String)> {
         "redis+cluster" | "valkey+cluster" => parse_cluster(url, rest),
         "rediss+cluster" | "valkeys+cluster" => Err((
             redact(url),
-            "TLS to a cluster node is not supported yet: use redis+cluster://".into(),
+            "TLS to a cluster node is not supported yet: use redis+cluster:// (crate feature `cluster`)".into(),
         )),
         _ => parse(url).map(Target::Single),
     }
@@ -130,6 +138,9 @@ fn parse_cluster(url: &str, rest: &str) -> Result<Target, (String, String)> {
         Some((c, h)) => (Some(c), h),
         None => (None, authority),
     };
+    if hosts.trim().is_empty() {
+        return fail("no seeds: list some of the cluster's masters, host:port,host:port".into());
+    }
     let mut seeds = Vec::new();
     for host in hosts.split(',') {
         let host = host.trim();
@@ -271,6 +282,10 @@ mod tests {
             assert!(reason(url).contains("feature `cluster`"));
         }
         assert!(reason("rediss+cluster://h:7000").contains("not supported yet"));
+        assert!(reason("redis://a:1/,redis://b:2/").contains("split_node_list"));
+        if cfg!(feature = "cluster") {
+            assert!(reason("redis+cluster://").contains("no seeds"));
+        }
         let (entry, _) = parse_target("rediss+cluster://u:hunter2@h:7000").unwrap_err();
         assert!(!entry.contains("hunter2"), "{entry}");
     }

@@ -436,8 +436,9 @@ impl Node {
                 client.get_connection_info().addr(),
                 redis::ConnectionAddr::Tcp(..)
             ),
+            // (A cluster takes no TLS here: no hint.)
             #[cfg(feature = "cluster")]
-            Dial::Cluster(_) => true,
+            Dial::Cluster(_) => false,
         };
         if plain && err.is_connection_dropped() && !err.is_connection_refusal() {
             RedisError::from((

@@ -364,7 +364,7 @@ pub(crate) async fn call(
                     continue;
                 }
                 if !matches!(error, NodeError::Unreachable(_)) {
-                    return Err(error);
+                    return Err(shard_of_a_cluster(&node, error));
                 }
                 node.broken(&conn);
                 if retried {
@@ -394,6 +394,20 @@ fn native_fallback(node: &Node, request: &Request, error: &NodeError) -> Option<
         return None;
     }
     unlock::native_instead(node.native_release(), request)
+}
+
+/// A redirection (`MOVED`, `ASK`) from a node given as a standalone
+/// master: it is a shard of a cluster, a mistake in the node list that no
+/// retry fixes (its `Display` says to name the whole cluster). From a
+/// cluster node it stays transient (a slot that moved twice within
+/// redis-rs's retries).
+fn shard_of_a_cluster(node: &Node, error: NodeError) -> NodeError {
+    match error {
+        NodeError::Busy(e) if !node.is_cluster() && matches!(e.code(), Some("MOVED" | "ASK")) => {
+            NodeError::Reply(e)
+        }
+        other => other,
+    }
 }
 
 /// Whether `error` is a server's refusal of `SET … NX … GET`: Redis before

@@ -430,12 +430,18 @@ impl fmt::Display for NodeError {
             NodeError::Timeout => f.write_str("timed out"),
             NodeError::Unreachable(e) => write!(f, "unreachable ({e})"),
             NodeError::Busy(e) => write!(f, "busy ({e})"),
+            NodeError::Reply(e) if matches!(e.code(), Some("MOVED" | "ASK")) => write!(
+                f,
+                "error reply ({e}): the node is a shard of a Redis Cluster; give the whole \
+                 cluster as one node, redis+cluster://host:port,host:port (feature `cluster`)"
+            ),
             NodeError::Reply(e) => write!(f, "error reply ({e})"),
             NodeError::UnexpectedReply(v) => write!(f, "unexpected reply {v}"),
             NodeError::Tls(e) => write!(f, "TLS handshake failed ({e})"),
-            NodeError::NotDurable => {
-                f.write_str("took the write but did not confirm it durable in time")
-            }
+            NodeError::NotDurable => f.write_str(
+                "took the write but did not confirm it durable in time \
+                 (for Durability::Replicas: are that many replicas connected to it?)",
+            ),
             NodeError::Durability(e) if e.code() == Some("NOPERM") => write!(
                 f,
                 "cannot confirm durability ({e}): the user's ACL needs +waitaof (or +wait)"

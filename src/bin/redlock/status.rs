@@ -72,15 +72,24 @@ pub(crate) async fn status(args: StatusArgs) -> Result<u8, Failure> {
     Ok(code)
 }
 
-/// `PTTL key` on one node, on a connection of its own, within `timeout`.
+/// `PTTL key` on one node, on a connection of its own, within `timeout`:
+/// on a cluster node (`redis+cluster://`), on the master of the key's slot.
 async fn pttl(url: &str, key: &str, timeout: Duration) -> Seen {
     let ask = async {
-        let client = redis::Client::open(url)?;
-        let mut con = client.get_multiplexed_async_connection().await?;
-        redis::cmd("PTTL")
-            .arg(key)
-            .query_async::<i64>(&mut con)
-            .await
+        let mut cmd = redis::cmd("PTTL");
+        cmd.arg(key);
+        match cluster_seeds(url) {
+            Some(seeds) => {
+                let client = redis::cluster::ClusterClient::new(seeds)?;
+                let mut con = client.get_async_connection().await?;
+                cmd.query_async::<i64>(&mut con).await
+            }
+            None => {
+                let client = redis::Client::open(url)?;
+                let mut con = client.get_multiplexed_async_connection().await?;
+                cmd.query_async::<i64>(&mut con).await
+            }
+        }
     };
     match tokio::time::timeout(timeout, ask).await {
         Err(_) => Seen::Failed(format!("no answer within {}", format_ms(timeout))),
@@ -89,6 +98,25 @@ async fn pttl(url: &str, key: &str, timeout: Duration) -> Seen {
         Ok(Ok(-1)) => Seen::NoExpiry,
         Ok(Ok(ms)) => Seen::Held(Duration::from_millis(u64::try_from(ms).unwrap_or(0))),
     }
+}
+
+/// The seeds of a cluster node's URL (`redis+cluster://[cred@]h:p,h:p/`)
+/// as plain URLs, each with the credentials; `None` for any other URL.
+fn cluster_seeds(url: &str) -> Option<Vec<String>> {
+    let rest = url
+        .strip_prefix("redis+cluster://")
+        .or_else(|| url.strip_prefix("valkey+cluster://"))?;
+    let authority = rest.split(['/', '?']).next().unwrap_or("");
+    let (credentials, hosts) = match authority.rsplit_once('@') {
+        Some((c, h)) => (format!("{c}@"), h),
+        None => (String::new(), authority),
+    };
+    Some(
+        hosts
+            .split(',')
+            .map(|host| format!("redis://{credentials}{}/", host.trim()))
+            .collect(),
+    )
 }
 
 fn format_ms(d: Duration) -> String {
