@@ -64,18 +64,31 @@ pub(crate) fn single_client(info: ConnectionInfo, config: &Config) -> RedisResul
 
 /// The client of a cluster node. redis-rs routes each command to the master
 /// that owns its key's slot, follows `MOVED` and `ASK`, and retries
-/// `TRYAGAIN` and `CLUSTERDOWN` a few times, a few milliseconds apart, so
-/// that a retry still fits the node timeout (the round's own timeout bounds
-/// the whole request; a node that does not answer in time counts as not
-/// answering, never as a refusal).
+/// `TRYAGAIN` (a slot half-way through a migration) and `CLUSTERDOWN` up to
+/// eight times, 2 to 20 ms apart, within the node timeout (the round's own
+/// timeout bounds the whole request; a node that does not answer in time
+/// counts as not answering, never as a refusal). A cluster connection
+/// whose requests time out twice in a row is made anew (see
+/// `Node::timed_out`).
 #[cfg(feature = "cluster")]
 pub(crate) fn cluster_client(
     seeds: Vec<ConnectionInfo>,
     config: &Config,
 ) -> RedisResult<redis::cluster::ClusterClient> {
     let mut builder = redis::cluster::ClusterClientBuilder::new(seeds.clone())
-        .connection_timeout(config.connect_timeout)
-        .retries(3)
+        // Half the connect timeout for each seed and master: a silent one
+        // (paused, or cut off) is given up in time for the others to make
+        // the connection within the crate's own connect timeout.
+        .connection_timeout(config.connect_timeout / 2)
+        // An answer is awaited at most as long as the round would wait for
+        // the largest request (the node timeout, plus its time per key).
+        .response_timeout(
+            config.node_timeout.saturating_add(
+                crate::protocol::request::PER_KEY
+                    .saturating_mul(u32::try_from(crate::MAX_RESOURCES).unwrap_or(u32::MAX)),
+            ),
+        )
+        .retries(8)
         .min_retry_wait(2)
         .max_retry_wait(20);
     if let Some(first) = seeds.first() {

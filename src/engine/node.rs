@@ -110,6 +110,9 @@ pub(crate) struct Node {
     old_set: std::sync::atomic::AtomicBool,
     /// The generation last seen old enough here, named in marked scripts.
     pub(crate) known: Known,
+    /// Requests that timed out in a row (cluster nodes; see
+    /// [`Node::timed_out`]).
+    timeouts: std::sync::atomic::AtomicU32,
     /// How old a marker must be to be known as old: the restart guard's
     /// `max_ttl`, or any age without the guard.
     pub(crate) old_after: Duration,
@@ -217,6 +220,7 @@ impl Node {
             native_release: std::sync::atomic::AtomicU8::new(0),
             old_set: std::sync::atomic::AtomicBool::new(false),
             known: Known::default(),
+            timeouts: std::sync::atomic::AtomicU32::new(0),
             old_after: config.restart_guard.unwrap_or(Duration::ZERO),
         })
     }
@@ -468,6 +472,35 @@ impl Node {
             Err(_) => Err(NodeError::Timeout),
             Ok(Err(e)) => Err(NodeError::from_redis(self.hint_tls(e))),
             Ok(Ok(pubsub)) => Ok(pubsub),
+        }
+    }
+
+    /// Reports that a request on `conn` timed out. A cluster connection whose
+    /// requests time out twice in a row is dropped, and the next request
+    /// makes a new one, with a fresh slot map from the seeds: redis-rs
+    /// keeps sending a slot's requests to its old master while that master
+    /// is silent (paused, or cut off by a partition that drops packets),
+    /// after a replica took its slots over, and a connection whose queue
+    /// stalled (seen after a slot half-way through a migration) never
+    /// recovers by itself. A standalone node's connection is kept: its
+    /// queued requests must stay ahead of later ones.
+    pub(crate) fn timed_out(&self, conn: &Conn) {
+        if !self.is_cluster() {
+            return;
+        }
+        let before = self
+            .timeouts
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if before >= 1 {
+            self.timeouts.store(0, std::sync::atomic::Ordering::Relaxed);
+            self.broken(conn);
+        }
+    }
+
+    /// Reports an answer: the run of timeouts ends.
+    pub(crate) fn answered(&self) {
+        if self.timeouts.load(std::sync::atomic::Ordering::Relaxed) != 0 {
+            self.timeouts.store(0, std::sync::atomic::Ordering::Relaxed);
         }
     }
 

@@ -316,7 +316,10 @@ pub(crate) async fn call(
             &mut conn.conn,
         );
         match tokio::time::timeout(timeout, sent).await {
-            Err(_) => return Err(NodeError::Timeout),
+            Err(_) => {
+                node.timed_out(&conn);
+                return Err(NodeError::Timeout);
+            }
             Ok(Ok(value)) if checked.is_some() => {
                 let was = known.as_deref().unwrap_or_default();
                 match acquire::read_known_old(&value, was) {
@@ -332,6 +335,7 @@ pub(crate) async fn call(
                 }
             }
             Ok(Ok(value)) => {
+                node.answered();
                 if marked != Marked::No {
                     node.known.learn(&value, node.old_after);
                 }

@@ -405,6 +405,13 @@ impl NodeError {
         // itself said (including authentication failures) is a reply.
         if is_tls_failure(&err) {
             NodeError::Tls(err)
+        } else if err.kind() == redis::ErrorKind::ClusterConnectionNotFound {
+            // A cluster whose connection to the slot's master is gone.
+            NodeError::Unreachable(err)
+        } else if err.to_string().contains("authentication failed") {
+            // What a cluster client reports for a wrong password (a
+            // standalone node's reply already lands below as a reply).
+            NodeError::Reply(err)
         } else if err.is_io_error()
             || err.is_connection_dropped()
             || err.is_connection_refusal()
