@@ -24,8 +24,12 @@ use redlock_quorum::{Durability, Error, NodeError, Redlock};
 
 const TTL: Duration = Duration::from_secs(10);
 
+/// A manager for these tests: short retry delays, and a node timeout for a
+/// loaded 2-core machine that runs every cluster's servers (a lock on 40
+/// resources is 40 scripts per cluster node).
 fn manager(urls: &[String]) -> Redlock {
     Redlock::builder(urls.iter().map(String::as_str))
+        .node_timeout(Duration::from_millis(500))
         .retry_delay(Duration::from_millis(5))
         .retry_jitter(Duration::from_millis(10))
         .build()
@@ -83,9 +87,15 @@ async fn many_resources_span_slots_and_a_partial_vote_leaves_nothing() {
         matches!(refused, Err(Error::Conflict { .. })),
         "{refused:?}"
     );
+    // Only keys of the held set are left (`lock` returned at a quorum: a
+    // slow cluster may still be setting them, or may have timed out and
+    // hold part of the set, ours until the unlock): none of the refused
+    // set's other names, anywhere.
     for cluster in clusters.iter() {
-        let keys = cluster.keys_everywhere();
-        assert_eq!(keys.len(), 40, "only the held set: {keys:?}");
+        for key in cluster.keys_everywhere() {
+            let key = String::from_utf8(key).unwrap();
+            assert!(names.contains(&key), "a key of the refused set left: {key}");
+        }
     }
     let lock = a.extend(&lock, TTL).await.unwrap();
     assert!(a.verify(&lock).await.unwrap());
@@ -332,7 +342,8 @@ async fn fencing_tokens_grow_per_resource_on_cluster_nodes() {
 /// young again, on that cluster only, until the guard's `max_ttl` passed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_restart_guard_counts_a_slot_that_lost_its_data_only_once_old() {
-    let clusters = RedisClusters::start(5, 2, 0);
+    // Three clusters (49,152 markers to make ahead, in the background).
+    let clusters = RedisClusters::start(3, 2, 0);
     let max_ttl = Duration::from_secs(4);
     let ttl = Duration::from_secs(1);
     // One attempt per call, each node given time on a loaded machine: the
@@ -357,9 +368,8 @@ async fn the_restart_guard_counts_a_slot_that_lost_its_data_only_once_old() {
             .count();
         assert!(young >= at_least, "{failures:?}");
     };
-    // Every marker is younger than max_ttl, unless making them took that
-    // long on a loaded machine: then at most two of five count.
-    young(guarded.try_lock(&res, ttl).await, 3);
+    // Every marker is younger than max_ttl: no quorum.
+    young(guarded.try_lock(&res, ttl).await, 2);
     let markers = |cluster: &redlock_harness::shards::RedisCluster| -> usize {
         (0..cluster.masters())
             .map(|m| {
@@ -371,8 +381,9 @@ async fn the_restart_guard_counts_a_slot_that_lost_its_data_only_once_old() {
             })
             .sum()
     };
-    // Made ahead, in the background, for every slot.
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    // Made ahead, in the background, for every slot (on a loaded 2-core
+    // machine that takes a while; nothing depends on its speed).
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
     while clusters.iter().any(|c| markers(c) < 16384) {
         assert!(std::time::Instant::now() < deadline, "markers made ahead");
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -381,13 +392,13 @@ async fn the_restart_guard_counts_a_slot_that_lost_its_data_only_once_old() {
     tokio::time::sleep(max_ttl + Duration::from_millis(200)).await;
     let lock = guarded.try_lock(&res, ttl).await.unwrap();
     guarded.unlock(&lock).await.unwrap();
-    for cluster in clusters.iter().take(3) {
+    for cluster in clusters.iter().take(2) {
         let master = cluster.master_of(res.as_bytes());
         let _: () = redis::cmd("FLUSHALL")
             .query(&mut cluster.master_conn(master))
             .unwrap();
     }
-    young(guarded.try_lock(&res, ttl).await, 3);
+    young(guarded.try_lock(&res, ttl).await, 2);
     tokio::time::sleep(max_ttl + Duration::from_millis(200)).await;
     let lock = guarded.try_lock(&res, ttl).await.unwrap();
     guarded.unlock(&lock).await.unwrap();
