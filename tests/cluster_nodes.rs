@@ -382,11 +382,29 @@ async fn the_restart_guard_counts_a_slot_that_lost_its_data_only_once_old() {
             .sum()
     };
     // Made ahead, in the background, for every slot (on a loaded 2-core
-    // machine that takes a while; nothing depends on its speed).
-    let deadline = std::time::Instant::now() + Duration::from_secs(120);
-    while clusters.iter().any(|c| markers(c) < 16384) {
+    // machine that takes a while; nothing depends on its speed). Each
+    // master sets its flag once all its slots have markers: wait for the
+    // flags (a cheap check, once a second, off the runtime's workers,
+    // which make the markers), then count the markers once.
+    let flags = |cluster: &redlock_harness::shards::RedisCluster| -> usize {
+        (0..cluster.masters())
+            .filter(|&m| {
+                let made: Vec<Vec<u8>> = redis::cmd("KEYS")
+                    .arg("*generation-made")
+                    .query(&mut cluster.master_conn(m))
+                    .unwrap();
+                !made.is_empty()
+            })
+            .count()
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(180);
+    loop {
+        let done = tokio::task::block_in_place(|| clusters.iter().all(|c| flags(c) == c.masters()));
+        if done {
+            break;
+        }
         assert!(std::time::Instant::now() < deadline, "markers made ahead");
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        tokio::time::sleep(Duration::from_secs(1)).await;
     }
     assert!(clusters.iter().all(|c| markers(c) == 16384));
     tokio::time::sleep(max_ttl + Duration::from_millis(200)).await;
