@@ -29,6 +29,13 @@
 //!   a client acquires the free resource (and gets a fencing token, when
 //!   fencing is modeled) within a bounded fault-free schedule;
 //! - witnesses (`sometimes`): a lock is granted, a fencing token is issued.
+//!
+//! Redis Clusters as nodes (issue 24): a node may be a cluster node, whose
+//! vote is the vote of the shard master that owns the lock key's slot, with
+//! a replica ([`Replica`]). The master's writes reach the replica in order,
+//! each at some later step (replication lags), and a failover rolls the
+//! node's data back to the replica's ([`Action::Failover`]). Agreement is
+//! plain or acknowledged by the replica (`WAIT 1`, [`Agreement`]).
 
 use std::fmt::Write as _;
 
@@ -76,6 +83,43 @@ pub enum Resync {
     /// Negative model (planted): a missing counter is read as a trusted 0,
     /// i.e. a node that restarted empty is trusted.
     MissingTrusted,
+}
+
+/// When a node's agreement to a write counts (`Durability`,
+/// src/protocol/durability.rs; issue 24: Redis Clusters as nodes). The code
+/// has one setting per manager, for every write of a lock.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Agreement {
+    /// `Durability::Memory`, the default: the agreement counts as soon as
+    /// the node (a cluster node's shard master) wrote it.
+    Plain,
+    /// `Durability::Replicas { replicas: 1, .. }`: every write (`SET`,
+    /// `EXTEND`, `FENCE_WRITE`) is pipelined with `WAIT 1 <timeout>`, and
+    /// the node answers only once its replica has the write. A node whose
+    /// replica does not confirm in time answers `NotDurable` (unknown: the
+    /// client's `Timeout`); a node without a replica never confirms.
+    Acknowledged,
+    /// Negative model (not a mode of the code): acquisitions acknowledged,
+    /// extensions plain. It shows that the extension needs the `WAIT` too.
+    AcquireOnly,
+}
+
+/// How the model schedules a cluster node's replication (issue 24). Both
+/// give the same behaviours of the clients; the second has fewer states.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Replication {
+    /// The definition: each entry of the replication stream reaches the
+    /// replica in its own step (`Action::Replicate`), at any time, in
+    /// order; a failover promotes the replica as it is.
+    Stepwise,
+    /// The replica's position in the stream is chosen when it can be
+    /// seen: when a held reply is sent (`Replicate` applies every entry up
+    /// to the first one with a reply), or at a failover (`Failover(n, k)`:
+    /// the replica had the first `k` entries). A replication step that no
+    /// reply waits for changes nothing that a client can see until the
+    /// next failover, so leaving it until then removes states, not
+    /// behaviours (`tests/cluster_failover.rs` compares the two).
+    Deferred,
 }
 
 /// The token of the other name's holder (`Cfg::other_fences`): its lock is
@@ -154,6 +198,19 @@ pub struct Cfg {
     /// state `other_fences` reaches with one more call; given here to keep
     /// the search small).
     pub uneven: bool,
+    /// Cluster nodes (issue 24): nodes `0..cluster_nodes` are each a Redis
+    /// Cluster whose vote is that of the shard master owning the lock key's
+    /// slot, with one replica. The master's writes reach the replica in
+    /// order, each at some later step (`Action::Replicate`: replication
+    /// may lag), and a failover (`Action::Failover`) rolls the node's data
+    /// back to the replica's. The other nodes are standalone.
+    pub cluster_nodes: usize,
+    /// When a node's agreement to a write counts.
+    pub agreement: Agreement,
+    /// Failovers of cluster nodes over the run (a nemesis budget).
+    pub failovers: u8,
+    /// How replication steps are scheduled.
+    pub replication: Replication,
 }
 
 impl Cfg {
@@ -185,7 +242,50 @@ impl Cfg {
             resync: Resync::Aged,
             other_fences: 0,
             uneven: false,
+            cluster_nodes: 0,
+            agreement: Agreement::Plain,
+            failovers: 0,
+            replication: Replication::Deferred,
         }
+    }
+
+    /// Issue 24, sizes for CI: three cluster nodes (each a Redis Cluster,
+    /// one replica per shard), two clients with an acquisition each, one
+    /// failover, fast node clocks, 2 ticks. No restart guard (`build`
+    /// refuses it with cluster nodes) and no fencing (a cluster node
+    /// refuses it unless every key shares one slot; see README.md). No
+    /// data-losing restart: a cluster node's loss is the failover. The
+    /// command line adds a watchdog renewal per client (`extends`), more
+    /// failovers and ticks.
+    pub fn cluster(agreement: Agreement) -> Self {
+        Cfg {
+            cluster_nodes: 3,
+            agreement,
+            failovers: 1,
+            guard: None,
+            fencing: Fencing::Off,
+            fences: 0,
+            losses: 0,
+            extends: 0,
+            max_time: 2,
+            liveness: false,
+            ..Cfg::quick()
+        }
+    }
+
+    /// Issue 24, a mixed list: nodes 0 and 1 are cluster nodes, node 2 a
+    /// standalone master (fsync always: its fault would be a crash that
+    /// keeps its data, `crashes`, 0 here), otherwise [`Cfg::cluster`].
+    pub fn mixed(agreement: Agreement) -> Self {
+        Cfg {
+            cluster_nodes: 2,
+            ..Cfg::cluster(agreement)
+        }
+    }
+
+    /// Whether node `i` is a cluster node (has a replica).
+    pub fn is_cluster(&self, i: usize) -> bool {
+        i < self.cluster_nodes
     }
 
     /// The shared counter (issue 21): two successive holders of one name
@@ -411,6 +511,119 @@ pub struct Node {
     pub generation: Option<Gen>,
     /// Generations created so far (the source of ids).
     pub gens: u8,
+    /// A cluster node's replica (issue 24); `None` for a standalone node.
+    pub replica: Option<Replica>,
+}
+
+/// The replica of a cluster node's shard master (issue 24): its data, and
+/// the master's writes it has not received yet. The generation marker is
+/// taken to be on the replica (it is old, and a failover keeps it: neither
+/// the guard nor the generation check sees a rollback).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Replica {
+    /// The lock keys K0 and K1, as on the master.
+    pub keys: [Option<(u8, u8)>; KEYS],
+    /// The fencing counter, as on the master.
+    pub fence: Option<(u8, u8)>,
+    /// The replication stream not yet applied, oldest first: one entry per
+    /// request the master ran, with the reply held until the replica has
+    /// it (acknowledged agreement, `WAIT 1`).
+    pub backlog: Vec<Repl>,
+}
+
+/// One request's effect in the replication stream.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Repl {
+    /// What the request changed on the master.
+    pub writes: Writes,
+    /// The reply that waits for this entry (acknowledged agreement): it is
+    /// sent when the replica applies the entry. `None` once no round waits
+    /// for it.
+    pub reply: Option<Held>,
+}
+
+/// What one request changed on the master, as replication sends it: the
+/// new value of each key it changed (`Some(None)`: deleted) and of the
+/// fencing counter. Key expiry on the master is not replicated: the
+/// replica's copy expires at the same instant on its own (a fast clock of
+/// the promoted replica is the master's `Expire` after the failover).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Writes {
+    pub keys: [Option<Option<(u8, u8)>>; KEYS],
+    pub fence: Option<Option<(u8, u8)>>,
+}
+
+impl Writes {
+    fn is_empty(&self) -> bool {
+        *self == Writes::default()
+    }
+}
+
+/// A reply held for replication: the round it answers, and the answer.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Held {
+    pub client: u8,
+    pub rid: u8,
+    pub reply: Reply,
+}
+
+impl Replica {
+    fn apply(&mut self, writes: &Writes) {
+        for (key, w) in self.keys.iter_mut().zip(writes.keys) {
+            if let Some(v) = w {
+                *key = v;
+            }
+        }
+        if let Some(v) = writes.fence {
+            self.fence = v;
+        }
+    }
+
+    /// Whether `writes` would change nothing here.
+    fn has(&self, writes: &Writes) -> bool {
+        self.keys
+            .iter()
+            .zip(writes.keys)
+            .all(|(key, w)| w.is_none_or(|v| *key == v))
+            && writes.fence.is_none_or(|v| self.fence == v)
+    }
+}
+
+/// A node's data as replication sees it: its lock keys and its counter.
+type Data = ([Option<(u8, u8)>; KEYS], Option<(u8, u8)>);
+
+impl Node {
+    fn data(&self) -> Data {
+        (self.keys, self.fence)
+    }
+
+    /// The master's writes since its data was `before`.
+    fn writes_since(&self, before: &Data) -> Writes {
+        let mut writes = Writes::default();
+        for ((w, now), then) in writes.keys.iter_mut().zip(self.keys).zip(before.0) {
+            if now != then {
+                *w = Some(now);
+            }
+        }
+        if self.fence != before.1 {
+            writes.fence = Some(self.fence);
+        }
+        writes
+    }
+
+    /// On a cluster node, puts the master's writes since `before` in the
+    /// replication stream.
+    fn replicate_later(&mut self, before: &Data) {
+        let writes = self.writes_since(before);
+        if let Some(r) = &mut self.replica
+            && !writes.is_empty()
+        {
+            r.backlog.push(Repl {
+                writes,
+                reply: None,
+            });
+        }
+    }
 }
 
 /// A node's answer, as the tally reads it.
@@ -514,6 +727,7 @@ pub struct State {
     pub crashes: u8,
     pub losses: u8,
     pub drops: u8,
+    pub failovers: u8,
     /// History: the largest fencing token issued so far.
     pub fence_max: u8,
     /// History: a token was issued that was not larger than an earlier one.
@@ -547,8 +761,22 @@ pub enum Action {
     Restart(u8),
     /// Data-losing restart: at once for an up node; for a down node, its
     /// data is gone when it restarts (at any later time, e.g. after the
-    /// max ttl).
+    /// max ttl). Standalone nodes only.
     Lose(u8),
+    /// Cluster node `n`'s replica receives the oldest write it lacks; a
+    /// reply held for it (acknowledged agreement) reaches its client.
+    /// (`Replication::Deferred`: every write up to the first one whose
+    /// reply is held, and that reply.)
+    Replicate(u8),
+    /// Cluster node `n`'s shard master fails and its replica is promoted:
+    /// the node's data rolls back to the replica's, and the replies held
+    /// for replication are lost with the master's connections. Requests in
+    /// flight stay in flight (redis-rs's cluster client retries them on the
+    /// new master, or they are lost: a request never delivered). The old
+    /// master rejoins as the new replica, with a full copy.
+    /// (`Replication::Deferred`: the replica had received the first `k`
+    /// entries of the stream; `Stepwise`: `k` is 0.)
+    Failover(u8, u8),
 }
 
 /// The model.
@@ -577,8 +805,7 @@ impl LockModel {
     /// marker is younger than max_ttl on their own clock
     /// (`generation::Generation::reader`).
     fn young(&self, n: &Node) -> bool {
-        self.cfg.guard.is_some()
-            && matches!(&n.generation, Some(Gen { born: Some(_), .. }))
+        self.cfg.guard.is_some() && matches!(&n.generation, Some(Gen { born: Some(_), .. }))
     }
 
     /// A node runs one request (design for issue 11 wraps every command in
@@ -593,7 +820,11 @@ impl LockModel {
             n.gens += 1;
             n.generation = Some(Gen {
                 id: n.gens,
-                born: if self.cfg.guard.is_some() { Some(now) } else { None },
+                born: if self.cfg.guard.is_some() {
+                    Some(now)
+                } else {
+                    None
+                },
                 since: Some(now),
             });
             // A marker older than max_ttl at birth cannot happen; normalize
@@ -728,11 +959,11 @@ impl LockModel {
     fn send(&self, s: &mut State, c: usize, only: Option<&[usize]>, body: Body) -> Vec<Ans> {
         let rid = s.clients[c].rid;
         let mut ans = vec![Ans::Unknown; self.cfg.nodes];
-        for i in 0..self.cfg.nodes {
+        for (i, a) in ans.iter_mut().enumerate() {
             if only.is_some_and(|o| !o.contains(&i)) || !s.nodes[i].up {
                 continue;
             }
-            ans[i] = Ans::Pending;
+            *a = Ans::Pending;
             s.net.push(Msg {
                 client: c as u8,
                 node: i as u8,
@@ -749,11 +980,11 @@ impl LockModel {
     fn send_each(&self, s: &mut State, c: usize, body: impl Fn(usize) -> Body) -> Vec<Ans> {
         let rid = s.clients[c].rid;
         let mut ans = vec![Ans::Unknown; self.cfg.nodes];
-        for i in 0..self.cfg.nodes {
+        for (i, a) in ans.iter_mut().enumerate() {
             if !s.nodes[i].up {
                 continue;
             }
-            ans[i] = Ans::Pending;
+            *a = Ans::Pending;
             s.net.push(Msg {
                 client: c as u8,
                 node: i as u8,
@@ -772,15 +1003,83 @@ impl LockModel {
     /// expires) bound what a delayed one does. A `SET` still in flight
     /// lands after it (the leftover that the retry queue and `InFlight`
     /// are there for).
+    /// On a cluster node the delete is replicated like any write (without
+    /// `WAIT`: the release has no agreement to count).
     fn release(&self, s: &mut State, _c: usize, tok: u8, only: Option<&[usize]>) {
         for (i, n) in s.nodes.iter_mut().enumerate() {
             if n.up && only.is_none_or(|o| o.contains(&i)) {
+                let before = n.data();
                 for key in &mut n.keys {
                     if matches!(key, Some((t, _)) if *t == tok) {
                         *key = None;
                     }
                 }
+                n.replicate_later(&before);
             }
+        }
+    }
+
+    /// Whether the node's reply to `body` waits for its replica (`WAIT 1`
+    /// pipelined behind the write: `Request::durable`, `run_durable` in
+    /// src/engine/round.rs): the writes whose agreement counts.
+    pub fn acknowledged(&self, body: &Body) -> bool {
+        match self.cfg.agreement {
+            Agreement::Plain => false,
+            Agreement::Acknowledged => matches!(
+                body,
+                Body::Set(_) | Body::Extend(_) | Body::FenceWrite(..) | Body::FenceIncr(_)
+            ),
+            Agreement::AcquireOnly => matches!(body, Body::Set(_)),
+        }
+    }
+
+    /// A node runs a request (`serve`) and answers, or holds its answer.
+    /// On a cluster node the master's writes enter the replication stream;
+    /// with acknowledged agreement, the reply to a write is held until the
+    /// replica has this request's entry and every one before it (`WAIT`
+    /// waits for the replication offset: a refusal that wrote nothing waits
+    /// only for the writes before it, and is sent at once when the replica
+    /// is up to date). A standalone node has no replica: `WAIT 1` never
+    /// confirms, and its agreement never counts (`NotDurable`, unknown).
+    fn run(&self, s: &mut State, m: &Msg, reply_lost: bool) -> Option<Reply> {
+        let i = m.node as usize;
+        let before = s.nodes[i].data();
+        let reply = self.serve(s, m);
+        let waits = self.acknowledged(&m.body);
+        let node = &mut s.nodes[i];
+        let writes = node.writes_since(&before);
+        let Some(r) = &mut node.replica else {
+            return if waits { None } else { reply };
+        };
+        if waits && (!writes.is_empty() || !r.backlog.is_empty()) {
+            let reply = reply.filter(|_| !reply_lost).map(|reply| Held {
+                client: m.client,
+                rid: m.rid,
+                reply,
+            });
+            r.backlog.push(Repl { writes, reply });
+            return None;
+        }
+        if !writes.is_empty() {
+            r.backlog.push(Repl {
+                writes,
+                reply: None,
+            });
+        }
+        reply
+    }
+
+    /// A node's reply reaches client `c`: it counts if the round it answers
+    /// still waits for this node.
+    fn answer(&self, s: &mut State, node: u8, c: u8, rid: u8, reply: Reply) {
+        let c = c as usize;
+        if s.clients[c].rid == rid
+            && let Some(a) =
+                answers_mut(&mut s.clients[c].phase).and_then(|ans| ans.get_mut(node as usize))
+            && *a == Ans::Pending
+        {
+            *a = Ans::Got(reply);
+            self.conclude(s, c);
         }
     }
 
@@ -818,7 +1117,16 @@ impl LockModel {
                 // 11); it may still hold our key.
                 let granted = ans
                     .iter()
-                    .filter(|a| matches!(a, Ans::Got(Reply { kind: Kind::Ok, young: false, .. })))
+                    .filter(|a| {
+                        matches!(
+                            a,
+                            Ans::Got(Reply {
+                                kind: Kind::Ok,
+                                young: false,
+                                ..
+                            })
+                        )
+                    })
                     .count();
                 let pending = ans.iter().filter(|a| **a == Ans::Pending).count();
                 if granted >= q {
@@ -845,7 +1153,10 @@ impl LockModel {
                     // (`Failed::nodes_that_may_hold_ours`).
                     let maybe: Vec<usize> = (0..cfg.nodes)
                         .filter(|&i| {
-                            matches!(ans[i], Ans::Unknown | Ans::Got(Reply { kind: Kind::Ok, .. }))
+                            matches!(
+                                ans[i],
+                                Ans::Unknown | Ans::Got(Reply { kind: Kind::Ok, .. })
+                            )
                         })
                         .collect();
                     s.clients[c].phase = Phase::Idle;
@@ -860,16 +1171,39 @@ impl LockModel {
                     // count as "not ours" for this round.
                     let granted = ans
                         .iter()
-                        .filter(|a| matches!(a, Ans::Got(Reply { kind: Kind::Ok, young: false, .. })))
+                        .filter(|a| {
+                            matches!(
+                                a,
+                                Ans::Got(Reply {
+                                    kind: Kind::Ok,
+                                    young: false,
+                                    ..
+                                })
+                            )
+                        })
                         .count();
                     let refused = ans
                         .iter()
                         .filter(|a| {
-                            matches!(a, Ans::Got(Reply { kind: Kind::NotOurs | Kind::Healed, .. }))
+                            matches!(
+                                a,
+                                Ans::Got(Reply {
+                                    kind: Kind::NotOurs | Kind::Healed,
+                                    ..
+                                })
+                            )
                         })
                         .count();
                     let healed: Vec<usize> = (0..cfg.nodes)
-                        .filter(|&i| matches!(ans[i], Ans::Got(Reply { kind: Kind::Healed, .. })))
+                        .filter(|&i| {
+                            matches!(
+                                ans[i],
+                                Ans::Got(Reply {
+                                    kind: Kind::Healed,
+                                    ..
+                                })
+                            )
+                        })
                         .collect();
                     let pending = ans.iter().filter(|a| **a == Ans::Pending).count();
                     // `Tally::decided` for an owned round.
@@ -991,9 +1325,8 @@ impl LockModel {
                                 })
                                 .collect();
                             self.new_round(s, c);
-                            let ans = self.send_each(s, c, |i| {
-                                Body::FenceWrite(tok, v, permits[i])
-                            });
+                            let ans =
+                                self.send_each(s, c, |i| Body::FenceWrite(tok, v, permits[i]));
                             let start = s.now;
                             set(s, Sub::FenceWrite { v, ans, start });
                             self.conclude(s, c);
@@ -1006,7 +1339,16 @@ impl LockModel {
                 Sub::FenceWrite { v, ans, start } => {
                     let granted = ans
                         .iter()
-                        .filter(|a| matches!(a, Ans::Got(Reply { kind: Kind::Ok, young: false, .. })))
+                        .filter(|a| {
+                            matches!(
+                                a,
+                                Ans::Got(Reply {
+                                    kind: Kind::Ok,
+                                    young: false,
+                                    ..
+                                })
+                            )
+                        })
                         .count();
                     let pending = ans.iter().filter(|a| **a == Ans::Pending).count();
                     // Issue 21: a token is issued only when its write
@@ -1156,8 +1498,9 @@ impl LockModel {
             Action::Deliver(m) | Action::DeliverLoseReply(m) => {
                 let i = s.net.iter().position(|x| x == m).unwrap();
                 s.net.remove(i);
-                let reply = self.serve(s, m);
-                if matches!(a, Action::DeliverLoseReply(_)) {
+                let lost = matches!(a, Action::DeliverLoseReply(_));
+                let reply = self.run(s, m, lost);
+                if lost {
                     s.drops += 1;
                     return;
                 }
@@ -1166,15 +1509,8 @@ impl LockModel {
                 // round's start), so delaying replies adds no behaviour the
                 // safety properties care about; a lost reply is
                 // `DeliverLoseReply`, and the client's `Timeout`.
-                let c = m.client as usize;
-                if let Some(r) = reply
-                    && s.clients[c].rid == m.rid
-                    && let Some(a) = answers_mut(&mut s.clients[c].phase)
-                        .and_then(|ans| ans.get_mut(m.node as usize))
-                    && *a == Ans::Pending
-                {
-                    *a = Ans::Got(r);
-                    self.conclude(s, c);
+                if let Some(r) = reply {
+                    self.answer(s, m.node, m.client, m.rid, r);
                 }
             }
             Action::Drop(m) => {
@@ -1185,8 +1521,14 @@ impl LockModel {
             Action::Crash(n) => {
                 s.crashes += 1;
                 s.nodes[*n as usize].up = false;
-                // Its connections break: requests not yet run are lost.
+                // Its connections break: requests not yet run are lost,
+                // and so are replies held for replication.
                 s.net.retain(|m| m.node != *n);
+                if let Some(r) = &mut s.nodes[*n as usize].replica {
+                    for e in &mut r.backlog {
+                        e.reply = None;
+                    }
+                }
             }
             Action::Restart(n) => s.nodes[*n as usize].up = true,
             Action::Lose(n) => {
@@ -1196,6 +1538,35 @@ impl LockModel {
                 node.fence = None;
                 node.generation = None;
                 s.net.retain(|m| m.node != *n);
+            }
+            Action::Replicate(n) => {
+                let r = s.nodes[*n as usize].replica.as_mut().unwrap();
+                let upto = match self.cfg.replication {
+                    Replication::Stepwise => 1,
+                    Replication::Deferred => {
+                        r.backlog.iter().position(|e| e.reply.is_some()).unwrap() + 1
+                    }
+                };
+                let mut held = None;
+                let stream: Vec<Repl> = r.backlog.drain(..upto).collect();
+                for e in stream {
+                    r.apply(&e.writes);
+                    held = e.reply;
+                }
+                if let Some(h) = held {
+                    self.answer(s, *n, h.client, h.rid, h.reply);
+                }
+            }
+            Action::Failover(n, k) => {
+                s.failovers += 1;
+                let node = &mut s.nodes[*n as usize];
+                let r = node.replica.as_mut().unwrap();
+                let stream = std::mem::take(&mut r.backlog);
+                for e in &stream[..*k as usize] {
+                    r.apply(&e.writes);
+                }
+                node.keys = r.keys;
+                node.fence = r.fence;
             }
         }
     }
@@ -1215,6 +1586,55 @@ impl LockModel {
             {
                 g.born = None;
             }
+            // A replica's keys expire as the master's do; a replicated
+            // value that has expired is a delete.
+            if let Some(r) = &mut n.replica {
+                let expired = |key: &mut Option<(u8, u8)>| {
+                    if matches!(key, Some((_, exp)) if s.now >= *exp) {
+                        *key = None;
+                    }
+                };
+                r.keys.iter_mut().for_each(expired);
+                for e in &mut r.backlog {
+                    e.writes.keys.iter_mut().flatten().for_each(expired);
+                }
+            }
+        }
+        // Replies held for replication that no round waits for are gone
+        // (sending them would change nothing), and so are entries left
+        // with nothing to replicate and no reply. Once no failover is left
+        // in the budget, what the replica has can no longer matter: only
+        // the held replies and their order remain (exact reductions).
+        let spent = s.failovers >= self.cfg.failovers;
+        for (i, n) in s.nodes.iter_mut().enumerate() {
+            if let Some(r) = &mut n.replica {
+                for e in &mut r.backlog {
+                    if let Some(h) = &e.reply {
+                        let c = &s.clients[h.client as usize];
+                        if c.rid != h.rid || answers(&c.phase).is_none_or(|a| a[i] != Ans::Pending)
+                        {
+                            e.reply = None;
+                        }
+                    }
+                    if spent {
+                        e.writes = Writes::default();
+                    }
+                }
+                if spent {
+                    r.keys = [None; KEYS];
+                    r.fence = None;
+                }
+                r.backlog
+                    .retain(|e| !e.writes.is_empty() || e.reply.is_some());
+                // The next entry changes nothing and waits for no reply:
+                // replicating it is a step that changes nothing.
+                while let Some(e) = r.backlog.first()
+                    && e.reply.is_none()
+                    && r.has(&e.writes)
+                {
+                    r.backlog.remove(0);
+                }
+            }
         }
         // Requests that can no longer change anything are gone: a fencing
         // read whose round is over, a release whose token is on no node
@@ -1228,7 +1648,24 @@ impl LockModel {
                 Body::Set(t) | Body::Extend(t) => Some(t),
                 _ => None,
             })
-            .chain(nodes.iter().flat_map(|n| n.keys.iter().filter_map(|k| k.map(|(t, _)| t))))
+            .chain(
+                nodes
+                    .iter()
+                    .flat_map(|n| n.keys.iter().filter_map(|k| k.map(|(t, _)| t))),
+            )
+            // A failover may bring a key back from the replica.
+            .chain(
+                nodes
+                    .iter()
+                    .filter_map(|n| n.replica.as_ref())
+                    .flat_map(|r| {
+                        r.keys.iter().filter_map(|k| k.map(|(t, _)| t)).chain(
+                            r.backlog.iter().flat_map(|e| {
+                                e.writes.keys.iter().flatten().flatten().map(|(t, _)| *t)
+                            }),
+                        )
+                    }),
+            )
             .collect();
         s.net.retain(|m| match m.body {
             Body::FenceRead(..) => {
@@ -1247,7 +1684,8 @@ impl LockModel {
                 && let Some(b) = g.since
                 && s.now > b
                 && !s.net.iter().any(|m| {
-                    m.node as usize == i && matches!(m.body, Body::FenceRead(_, start) if start <= b)
+                    m.node as usize == i
+                        && matches!(m.body, Body::FenceRead(_, start) if start <= b)
                 })
             {
                 g.since = None;
@@ -1275,7 +1713,8 @@ impl LockModel {
     }
 
     /// The liveness oracle: faults stop (every node restarts with its data,
-    /// nothing more is lost), every message is delivered, rounds that wait
+    /// nothing more is lost), every message is delivered, held replies are
+    /// replicated and sent, rounds that wait
     /// for lost answers time out, holders release; after `ttl` + max_ttl
     /// ticks a client acquires (and, with fencing, gets a token larger than
     /// every earlier one). Budgets do not apply to it.
@@ -1320,6 +1759,12 @@ impl LockModel {
         loop {
             let a = if let Some(m) = s.net.first() {
                 Action::Deliver(m.clone())
+            } else if let Some(i) = s.nodes.iter().position(|n| {
+                n.replica
+                    .as_ref()
+                    .is_some_and(|r| r.backlog.iter().any(|e| e.reply.is_some()))
+            }) {
+                Action::Replicate(i as u8)
             } else if let Some(c) = (0..self.cfg.clients)
                 .find(|&c| answers(&s.clients[c].phase).is_some_and(|a| a.contains(&Ans::Pending)))
             {
@@ -1359,13 +1804,46 @@ impl LockModel {
                 None => {}
             }
             match &n.generation {
-                Some(Gen { id, born: Some(b), .. }) => {
+                Some(Gen {
+                    id, born: Some(b), ..
+                }) => {
                     let _ = write!(out, " g{id}(born {b})");
                 }
                 Some(Gen { id, born: None, .. }) => {
                     let _ = write!(out, " g{id}");
                 }
                 None => out.push_str(" no-marker"),
+            }
+            if let Some(r) = &n.replica {
+                out.push_str(" | replica");
+                for (k, key) in r.keys.iter().enumerate() {
+                    if let Some((t, e)) = key {
+                        let _ = write!(out, " K{k}=tok{t}@{e}");
+                    }
+                }
+                if let Some((v, g)) = r.fence {
+                    let _ = write!(out, " fence={v}/g{g}");
+                }
+                for e in &r.backlog {
+                    out.push_str(" <-");
+                    for (k, w) in e.writes.keys.iter().enumerate() {
+                        match w {
+                            Some(Some((t, x))) => {
+                                let _ = write!(out, " K{k}=tok{t}@{x}");
+                            }
+                            Some(None) => {
+                                let _ = write!(out, " K{k}=del");
+                            }
+                            None => {}
+                        }
+                    }
+                    if let Some(v) = e.writes.fence {
+                        let _ = write!(out, " fence={v:?}");
+                    }
+                    if let Some(h) = &e.reply {
+                        let _ = write!(out, " (reply to c{})", h.client);
+                    }
+                }
             }
             out.push(']');
         }
@@ -1386,7 +1864,11 @@ impl LockModel {
                     continue;
                 }
                 Phase::Holding { tok, exp, sub } => {
-                    let held = if self.believes(s, c) { "HOLDS" } else { "lapsed" };
+                    let held = if self.believes(s, c) {
+                        "HOLDS"
+                    } else {
+                        "lapsed"
+                    };
                     let _ = write!(out, " c{c}:{held}(tok{tok},until {exp})");
                     match sub {
                         Sub::None => {}
@@ -1428,7 +1910,24 @@ impl LockModel {
                             r.kind,
                             if r.young { " (young node)" } else { "" }
                         );
+                        if self.acknowledged(&m.body) {
+                            line.push_str(if before.nodes[m.node as usize].replica.is_some() {
+                                " (WAIT: sent once replicated)"
+                            } else {
+                                " (WAIT: no replica, never confirmed)"
+                            });
+                        }
                     }
+                }
+                if let Action::Replicate(n) = a
+                    && let Some(r) = &w[0].0.nodes[*n as usize].replica
+                    && let Some(Repl { reply: Some(h), .. }) = r.backlog.first()
+                {
+                    let _ = write!(
+                        line,
+                        ", its reply reaches c{}: {:?}",
+                        h.client, h.reply.kind
+                    );
                 }
                 let _ = writeln!(out, "  {line}");
                 let _ = writeln!(out, "      {}", self.summary(&w[1].0));
@@ -1542,6 +2041,7 @@ impl Model for LockModel {
                 })
             },
             gens: if cfg.fresh_cluster { 0 } else { 1 },
+            replica: None,
         };
         let client = Client {
             phase: Phase::Idle,
@@ -1555,6 +2055,16 @@ impl Model for LockModel {
         let mut nodes = vec![node; cfg.nodes];
         if cfg.uneven {
             nodes[0].fence = Some((1, 1));
+        }
+        // Cluster nodes start with their replicas up to date.
+        for (i, n) in nodes.iter_mut().enumerate() {
+            if cfg.is_cluster(i) {
+                n.replica = Some(Replica {
+                    keys: n.keys,
+                    fence: n.fence,
+                    backlog: Vec::new(),
+                });
+            }
         }
         // The other name's holder, after the clients (`OTHER`).
         let mut clients = vec![client.clone(); cfg.clients];
@@ -1577,6 +2087,7 @@ impl Model for LockModel {
             crashes: 0,
             losses: 0,
             drops: 0,
+            failovers: 0,
             fence_max: 0,
             fence_repeat: None,
         }]
@@ -1608,9 +2119,34 @@ impl Model for LockModel {
                 out.push(Action::Restart(i));
             }
             if s.losses < cfg.losses
-                && (n.keys.iter().any(Option::is_some) || n.fence.is_some() || n.generation.is_some())
+                && n.replica.is_none()
+                && (n.keys.iter().any(Option::is_some)
+                    || n.fence.is_some()
+                    || n.generation.is_some())
             {
                 out.push(Action::Lose(i));
+            }
+            // A failover changes something only while the replica lags.
+            if let Some(r) = &n.replica
+                && !r.backlog.is_empty()
+            {
+                let held = r.backlog.iter().position(|e| e.reply.is_some());
+                if cfg.replication == Replication::Stepwise || held.is_some() {
+                    out.push(Action::Replicate(i));
+                }
+                // Deferred: the replica may have any entries before the
+                // first held reply (with that one, the reply is sent first:
+                // `Replicate`); with every entry it is up to date, and a
+                // failover then changes nothing.
+                let upto = match cfg.replication {
+                    Replication::Stepwise => 0,
+                    Replication::Deferred => held.unwrap_or(r.backlog.len() - 1),
+                };
+                if s.failovers < cfg.failovers {
+                    for k in 0..=upto {
+                        out.push(Action::Failover(i, k as u8));
+                    }
+                }
             }
         }
         for (c, cl) in s.clients.iter().enumerate() {
@@ -1618,7 +2154,9 @@ impl Model for LockModel {
             match &cl.phase {
                 Phase::Idle => {
                     let others_busy = cfg.sequential
-                        && s.clients[..cfg.clients].iter().any(|o| o.phase != Phase::Idle);
+                        && s.clients[..cfg.clients]
+                            .iter()
+                            .any(|o| o.phase != Phase::Idle);
                     if cl.attempts < cfg.attempts && !others_busy {
                         out.push(Action::Acquire(c8));
                     }
@@ -1777,14 +2315,24 @@ pub fn check(cfg: Cfg, search: Search, threads: usize, stop_at: Option<&'static 
         }
         Search::Dfs { max_depth } => {
             let c = builder.target_max_depth(max_depth).spawn_dfs().join();
-            (c.unique_state_count(), c.max_depth(), c.discoveries(), false)
+            (
+                c.unique_state_count(),
+                c.max_depth(),
+                c.discoveries(),
+                false,
+            )
         }
         Search::Random { seed, seconds } => {
             let c = builder
                 .timeout(std::time::Duration::from_secs(seconds))
                 .spawn_simulation(seed, stateright::UniformChooser)
                 .join();
-            (c.unique_state_count(), c.max_depth(), c.discoveries(), false)
+            (
+                c.unique_state_count(),
+                c.max_depth(),
+                c.discoveries(),
+                false,
+            )
         }
     };
     let mut discoveries: Vec<_> = disc

@@ -11,12 +11,22 @@
 //! shared fencing counter of issue 21: `shared-counter` (positive, random
 //! walks), and the negative models `no-guard`, `incr`, `no-generation`,
 //! `extend-no-recheck` (the extend grant before issue 21),
-//! `resync-at-once`, `trust-missing`.
-use redlock_model::{check, Cfg, Fencing, Resync, Search};
+//! `resync-at-once`, `trust-missing`; Redis Clusters as nodes (issue 24):
+//! `cluster-plain` (planted: plain agreement, a failover),
+//! `cluster-plain-no-failover`, `cluster-acked` (acknowledged agreement,
+//! CI's size), `cluster-acked-extend` (with a watchdog renewal),
+//! `cluster-acked-failovers` (3 failovers), `cluster-acked-live` (the
+//! liveness oracle), `cluster-random` (random walks), `cluster-acquire-only`
+//! (planted: the extension not acknowledged), `mixed-plain`, `mixed-acked`,
+//! `mixed-acked-crash` (two cluster nodes and a standalone one).
+use redlock_model::{Agreement, Cfg, Fencing, Replication, Resync, Search, check};
 
 fn main() {
     let mode = std::env::args().nth(1).unwrap_or_else(|| "quick".into());
-    let seconds = std::env::var("SECONDS").ok().and_then(|s| s.parse().ok()).unwrap_or(120);
+    let seconds = std::env::var("SECONDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(120);
     let random = Search::Random { seed: 1, seconds };
     let (cfg, search, stop) = match mode.as_str() {
         "exhaustive" => (Cfg::exhaustive(), Search::Bfs, None),
@@ -24,37 +34,110 @@ fn main() {
         // Three clients (safety only): by random walks; exhaustively it
         // passed 12 GB of fingerprints in 10 minutes without finishing.
         "three-clients" => (
-            Cfg { clients: 3, max_time: 3, liveness: false, ..Cfg::quick() },
+            Cfg {
+                clients: 3,
+                max_time: 3,
+                liveness: false,
+                ..Cfg::quick()
+            },
             random,
             None,
         ),
         "random5" => (Cfg::all_faults(5), random, None),
-        "direct-extend" => (Cfg { liveness: false, ..Cfg::direct_extend() }, Search::Bfs, None),
-        "direct-extend-live" => (Cfg { max_time: 1, losses: 1, ..Cfg::direct_extend() }, Search::Bfs, None),
+        "direct-extend" => (
+            Cfg {
+                liveness: false,
+                ..Cfg::direct_extend()
+            },
+            Search::Bfs,
+            None,
+        ),
+        "direct-extend-live" => (
+            Cfg {
+                max_time: 1,
+                losses: 1,
+                ..Cfg::direct_extend()
+            },
+            Search::Bfs,
+            None,
+        ),
         "direct-extend-loss" => (
-            Cfg { max_time: 2, losses: 1, liveness: false, ..Cfg::direct_extend() },
+            Cfg {
+                max_time: 2,
+                losses: 1,
+                liveness: false,
+                ..Cfg::direct_extend()
+            },
             Search::Bfs,
             None,
         ),
-        "extend-no-recheck" => (Cfg::extend_without_recheck(), Search::Bfs, Some("tenure continuity")),
-        "multi" => (Cfg { liveness: false, ..Cfg::multi() }, Search::Bfs, None),
-        "multi-live" => (Cfg { max_time: 1, ..Cfg::multi() }, Search::Bfs, None),
+        "extend-no-recheck" => (
+            Cfg::extend_without_recheck(),
+            Search::Bfs,
+            Some("tenure continuity"),
+        ),
+        "multi" => (
+            Cfg {
+                liveness: false,
+                ..Cfg::multi()
+            },
+            Search::Bfs,
+            None,
+        ),
+        "multi-live" => (
+            Cfg {
+                max_time: 1,
+                ..Cfg::multi()
+            },
+            Search::Bfs,
+            None,
+        ),
         "multi-direct" => (
-            Cfg { watchdog: false, losses: 0, liveness: false, ..Cfg::multi() },
+            Cfg {
+                watchdog: false,
+                losses: 0,
+                liveness: false,
+                ..Cfg::multi()
+            },
             Search::Bfs,
             None,
         ),
-        "multi-direct-loss" => (Cfg { watchdog: false, liveness: false, ..Cfg::multi() }, Search::Bfs, None),
+        "multi-direct-loss" => (
+            Cfg {
+                watchdog: false,
+                liveness: false,
+                ..Cfg::multi()
+            },
+            Search::Bfs,
+            None,
+        ),
         "multi3" => (
-            Cfg { clients: 3, keys: vec![0b01, 0b11, 0b10], max_time: 3, liveness: false, ..Cfg::multi() },
+            Cfg {
+                clients: 3,
+                keys: vec![0b01, 0b11, 0b10],
+                max_time: 3,
+                liveness: false,
+                ..Cfg::multi()
+            },
             random,
             None,
         ),
         "no-guard" => (Cfg::no_guard(), Search::Bfs, Some("mutual exclusion")),
-        "incr" => (Cfg::incr_no_write_back(), Search::Dfs { max_depth: 40 }, Some("fencing tokens increase")),
-        "no-generation" => (Cfg::fencing_without_generations(), Search::Bfs, Some("fencing tokens increase")),
+        "incr" => (
+            Cfg::incr_no_write_back(),
+            Search::Dfs { max_depth: 40 },
+            Some("fencing tokens increase"),
+        ),
+        "no-generation" => (
+            Cfg::fencing_without_generations(),
+            Search::Bfs,
+            Some("fencing tokens increase"),
+        ),
         "no-generation-fixed" => (
-            Cfg { fencing: Fencing::Generation, ..Cfg::fencing_without_generations() },
+            Cfg {
+                fencing: Fencing::Generation,
+                ..Cfg::fencing_without_generations()
+            },
             Search::Bfs,
             None,
         ),
@@ -62,19 +145,108 @@ fn main() {
         "shared-counter" => (Cfg::shared_counter(), random, None),
         "shared-counter-bfs" => (Cfg::shared_counter(), Search::Bfs, None),
         "resync-at-once" => (
-            Cfg { resync: Resync::Always, symmetry: false, ..Cfg::shared_counter() },
+            Cfg {
+                resync: Resync::Always,
+                symmetry: false,
+                ..Cfg::shared_counter()
+            },
             random,
             Some("fencing tokens increase"),
         ),
         "trust-missing" => (
-            Cfg { resync: Resync::MissingTrusted, other_fences: 0, symmetry: false, ..Cfg::shared_counter() },
+            Cfg {
+                resync: Resync::MissingTrusted,
+                other_fences: 0,
+                symmetry: false,
+                ..Cfg::shared_counter()
+            },
             Search::Bfs,
             Some("fencing tokens increase"),
         ),
+        // Issue 24: Redis Clusters as nodes; sizes in README.md.
+        "cluster-plain" => (
+            Cfg {
+                symmetry: false,
+                ..Cfg::cluster(Agreement::Plain)
+            },
+            Search::Bfs,
+            Some("mutual exclusion"),
+        ),
+        "cluster-plain-no-failover" => (
+            Cfg {
+                failovers: 0,
+                ..Cfg::cluster(Agreement::Plain)
+            },
+            Search::Bfs,
+            None,
+        ),
+        "cluster-acked" => (Cfg::cluster(Agreement::Acknowledged), Search::Bfs, None),
+        "cluster-acked-extend" => (
+            Cfg {
+                extends: 1,
+                ..Cfg::cluster(Agreement::Acknowledged)
+            },
+            Search::Bfs,
+            None,
+        ),
+        "cluster-acked-failovers" => (
+            Cfg {
+                failovers: 3,
+                ..Cfg::cluster(Agreement::Acknowledged)
+            },
+            Search::Bfs,
+            None,
+        ),
+        "cluster-acked-live" => (
+            Cfg {
+                max_time: 1,
+                liveness: true,
+                ..Cfg::cluster(Agreement::Acknowledged)
+            },
+            Search::Bfs,
+            None,
+        ),
+        "cluster-random" => (
+            Cfg {
+                max_time: 4,
+                extends: 1,
+                failovers: 3,
+                ..Cfg::cluster(Agreement::Acknowledged)
+            },
+            random,
+            None,
+        ),
+        "cluster-acquire-only" => (
+            Cfg {
+                extends: 1,
+                ..Cfg::cluster(Agreement::AcquireOnly)
+            },
+            Search::Bfs,
+            Some("mutual exclusion"),
+        ),
+        "mixed-plain" => (
+            Cfg {
+                symmetry: false,
+                ..Cfg::mixed(Agreement::Plain)
+            },
+            Search::Bfs,
+            Some("mutual exclusion"),
+        ),
+        "mixed-acked" => (Cfg::mixed(Agreement::Acknowledged), Search::Bfs, None),
+        "mixed-acked-crash" => (
+            Cfg {
+                crashes: 1,
+                ..Cfg::mixed(Agreement::Acknowledged)
+            },
+            Search::Bfs,
+            None,
+        ),
         _ => (Cfg::quick(), Search::Bfs, None),
     };
-    // Overrides for measuring sizes: TICKS (max_time), SYMMETRY (0 or 1),
-    // LOSSES, EXTENDS (budgets).
+    // Overrides for measuring sizes: TICKS (max_time), SYMMETRY and FAST
+    // (fast node clocks) (0 or 1),
+    // LOSSES, EXTENDS, FAILOVERS, CRASHES (budgets), CLUSTERS (how many of
+    // the nodes are cluster nodes), STEPWISE (1: `Replication::Stepwise`).
     let env = |name: &str| std::env::var(name).ok().and_then(|v| v.parse::<u8>().ok());
     let mut cfg = cfg;
     if let Some(t) = env("TICKS") {
@@ -89,6 +261,25 @@ fn main() {
     if let Some(v) = env("EXTENDS") {
         cfg.extends = v;
     }
+    if let Some(v) = env("FAST") {
+        cfg.fast_clocks = v == 1;
+    }
+    if let Some(v) = env("STEPWISE") {
+        cfg.replication = if v == 1 {
+            Replication::Stepwise
+        } else {
+            Replication::Deferred
+        };
+    }
+    if let Some(v) = env("FAILOVERS") {
+        cfg.failovers = v;
+    }
+    if let Some(v) = env("CRASHES") {
+        cfg.crashes = v;
+    }
+    if let Some(v) = env("CLUSTERS") {
+        cfg.cluster_nodes = v.into();
+    }
     println!("{mode}: {cfg:?}");
     let r = check(cfg, search, 2, stop);
     let stopped = stop.is_some_and(|p| r.found(p).is_some());
@@ -98,7 +289,11 @@ fn main() {
         r.max_depth,
         r.seconds,
         r.exhausted,
-        if stopped { " (stopped at the first counterexample)" } else { "" }
+        if stopped {
+            " (stopped at the first counterexample)"
+        } else {
+            ""
+        }
     );
     for (name, trace) in &r.discoveries {
         println!("== {name}\n{trace}");

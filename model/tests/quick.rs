@@ -7,7 +7,7 @@
 //! The tests run one after another (one checker at a time: the machine has
 //! two cores): a single test function drives them all.
 
-use redlock_model::{check, Cfg, Fencing, Resync, Run, Search};
+use redlock_model::{Cfg, Fencing, Resync, Run, Search, check};
 
 const SAFETY: [&str; 4] = [
     "mutual exclusion",
@@ -46,15 +46,32 @@ fn positive_quick() {
     let run = check(live, Search::Bfs, 2, None);
     report("positive (quick, liveness, 1 tick)", &run);
     assert!(run.exhausted);
-    assert!(run.found("recovers").is_none(), "{}", run.found("recovers").unwrap());
+    assert!(
+        run.found("recovers").is_none(),
+        "{}",
+        run.found("recovers").unwrap()
+    );
     let run = check(safety, Search::Bfs, 2, None);
     report("positive (quick, safety, 3 ticks)", &run);
-    assert!(run.exhausted, "the quick configuration is checked exhaustively");
+    assert!(
+        run.exhausted,
+        "the quick configuration is checked exhaustively"
+    );
     for p in SAFETY {
-        assert!(run.found(p).is_none(), "{p} fails:\n{}", run.found(p).unwrap());
+        assert!(
+            run.found(p).is_none(),
+            "{p} fails:\n{}",
+            run.found(p).unwrap()
+        );
     }
-    assert!(run.found("a lock is granted").is_some(), "vacuous: no grant reachable");
-    assert!(run.found("a fencing token is issued").is_some(), "vacuous: no token issued");
+    assert!(
+        run.found("a lock is granted").is_some(),
+        "vacuous: no grant reachable"
+    );
+    assert!(
+        run.found("a fencing token is issued").is_some(),
+        "vacuous: no token issued"
+    );
 }
 
 fn negatives() {
@@ -85,7 +102,11 @@ fn negatives() {
     let run = check(fixed, Search::Bfs, 2, None);
     report("the same schedule with the generation check", &run);
     assert!(run.exhausted);
-    assert!(run.found("fencing tokens increase").is_none(), "{}", run.found("fencing tokens increase").unwrap());
+    assert!(
+        run.found("fencing tokens increase").is_none(),
+        "{}",
+        run.found("fencing tokens increase").unwrap()
+    );
     assert!(run.found("a fencing token is issued").is_some());
     // Planted violation (issue 21, item 10): the extend grant before the
     // fix, which checked the validity only before the round. A's extension
@@ -107,7 +128,11 @@ fn must_hold(name: &str, cfg: Cfg, witnesses: &[&str]) {
     report(name, &run);
     assert!(run.exhausted, "{name}: checked exhaustively");
     for p in SAFETY {
-        assert!(run.found(p).is_none(), "{name}: {p} fails:\n{}", run.found(p).unwrap());
+        assert!(
+            run.found(p).is_none(),
+            "{name}: {p} fails:\n{}",
+            run.found(p).unwrap()
+        );
     }
     for w in witnesses {
         assert!(run.found(w).is_some(), "{name}: vacuous, no \"{w}\"");
@@ -177,13 +202,23 @@ fn multi() {
             liveness: false,
             ..Cfg::multi()
         },
-        Search::Random { seed: 7, seconds: 5 },
+        Search::Random {
+            seed: 7,
+            seconds: 5,
+        },
         2,
         None,
     );
-    report("three clients on {K0}, {K0, K1}, {K1}, random walks (5 s)", &run);
+    report(
+        "three clients on {K0}, {K0, K1}, {K1}, random walks (5 s)",
+        &run,
+    );
     for p in SAFETY {
-        assert!(run.found(p).is_none(), "{p} fails:\n{}", run.found(p).unwrap());
+        assert!(
+            run.found(p).is_none(),
+            "{p} fails:\n{}",
+            run.found(p).unwrap()
+        );
     }
 }
 
@@ -206,26 +241,43 @@ fn shared_counter() {
     );
     let run = check(
         Cfg::shared_counter(),
-        Search::Random { seed: 21, seconds: 5 },
+        Search::Random {
+            seed: 21,
+            seconds: 5,
+        },
         2,
         None,
     );
-    report("shared counter, another name fencing, random walks (5 s)", &run);
+    report(
+        "shared counter, another name fencing, random walks (5 s)",
+        &run,
+    );
     for p in SAFETY {
-        assert!(run.found(p).is_none(), "{p} fails:\n{}", run.found(p).unwrap());
+        assert!(
+            run.found(p).is_none(),
+            "{p} fails:\n{}",
+            run.found(p).unwrap()
+        );
     }
 }
 
 fn five_nodes_random() {
     let run = check(
         Cfg::all_faults(5),
-        Search::Random { seed: 7, seconds: 5 },
+        Search::Random {
+            seed: 7,
+            seconds: 5,
+        },
         2,
         None,
     );
     report("5 nodes, every nemesis, random walks (5 s)", &run);
     for p in SAFETY {
-        assert!(run.found(p).is_none(), "{p} fails:\n{}", run.found(p).unwrap());
+        assert!(
+            run.found(p).is_none(),
+            "{p} fails:\n{}",
+            run.found(p).unwrap()
+        );
     }
 }
 

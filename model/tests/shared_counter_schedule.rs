@@ -17,7 +17,11 @@ fn deliver(m: &LockModel, s: &State, client: u8, node: u8, pick: impl Fn(&Body) 
 }
 
 fn schedule(resync: Resync) -> (LockModel, State) {
-    let m = LockModel::new(Cfg { resync, symmetry: false, ..Cfg::shared_counter() });
+    let m = LockModel::new(Cfg {
+        resync,
+        symmetry: false,
+        ..Cfg::shared_counter()
+    });
     let (a, b, o) = (0u8, 1u8, 2u8);
     let set = |b: &Body| matches!(b, Body::Set(_));
     let read = |b: &Body| matches!(b, Body::FenceRead(..));
@@ -55,7 +59,10 @@ fn schedule(resync: Resync) -> (LockModel, State) {
     s = step(&s, Action::Fence(b));
     s = deliver(&m, &s, b, 0, read);
     s = deliver(&m, &s, b, 2, read);
-    if s.net.iter().any(|x| x.client == b && matches!(x.body, Body::FenceWrite(..))) {
+    if s.net
+        .iter()
+        .any(|x| x.client == b && matches!(x.body, Body::FenceWrite(..)))
+    {
         s = deliver(&m, &s, b, 0, write);
         s = deliver(&m, &s, b, 2, write);
     }
