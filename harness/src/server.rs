@@ -124,6 +124,16 @@ impl RedisServer {
                 return Err(format!("port {}: exited {status}: {last}", self.port));
             }
             if self.pings() {
+                // Another test's server may have taken the port between
+                // `free_port` and this bind, and answered the ping while
+                // ours fails to bind: the server that answers must be ours.
+                if let Some(pid) = self.answering_pid()
+                    && pid != child.id()
+                {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    return Err(format!("port {}: taken by process {pid}", self.port));
+                }
                 // Nobody reads its log from here on (the server ignores
                 // SIGPIPE, so a closed pipe cannot stop it).
                 drop(child.stdout.take());
@@ -137,6 +147,19 @@ impl RedisServer {
         let _ = child.kill();
         let _ = child.wait();
         Err("redis-server did not answer PING".into())
+    }
+
+    /// The `process_id` of the server that answers on the port, when it
+    /// tells (a password-protected one does not).
+    fn answering_pid(&self) -> Option<u32> {
+        let client = redis::Client::open(format!("redis://127.0.0.1:{}/", self.port)).ok()?;
+        let mut conn = client
+            .get_connection_with_timeout(Duration::from_secs(2))
+            .ok()?;
+        let info: String = redis::cmd("INFO").arg("server").query(&mut conn).ok()?;
+        info.lines()
+            .find_map(|l| l.strip_prefix("process_id:"))
+            .and_then(|v| v.trim().parse().ok())
     }
 
     /// Whether the server answers at all (a password-protected one answers
