@@ -45,6 +45,12 @@ impl NodeConn {
                         RoutingInfo::SingleNode(SingleNodeRoutingInfo::RandomPrimary),
                     )
                     .await?;
+                // A server's error reply comes back as a value here (Redis
+                // 6.2 refuses `INFO` with two sections): the caller must
+                // see the error itself.
+                if let Value::ServerError(error) = value {
+                    return Err(error.into());
+                }
                 Ok(redis::from_redis_value(value)?)
             }
         }
