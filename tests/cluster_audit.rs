@@ -130,8 +130,10 @@ async fn a_paused_master_on_a_minority_times_out_cleanly_and_leaves_nothing() {
     println!(
         "minority paused: try_lock {lock_time:?}, unlock {unlock_time:?} -> {released:?}, owed {owed}"
     );
-    assert!(lock_time < Duration::from_secs(1), "{lock_time:?}");
-    assert!(unlock_time < Duration::from_secs(1), "{unlock_time:?}");
+    // Bounds that tell "about the node timeout" from "waits for the paused
+    // masters", with room for a loaded machine.
+    assert!(lock_time < Duration::from_secs(3), "{lock_time:?}");
+    assert!(unlock_time < Duration::from_secs(3), "{unlock_time:?}");
     assert_eq!(released.unwrap(), 3);
     assert_eq!(owed, 2, "the paused clusters are owed the release");
     // Paused longer than the cluster node timeout (1 s): the other nodes
@@ -187,8 +189,9 @@ async fn a_paused_master_on_a_majority_fails_within_bounds_and_leaves_nothing() 
     }
     // One attempt makes up to 1 + 6 rounds when too few nodes answered
     // (`SPLIT_VOTE_ROUNDS`), each a round and its release, each bounded by
-    // the node timeout: about 14 node timeouts, and the pauses between.
-    let bound = node_timeout * 14 + Duration::from_secs(1);
+    // the node timeout: about 14 node timeouts, and the pauses between;
+    // doubled, with room for a loaded machine (a hang takes minutes).
+    let bound = node_timeout * 28 + Duration::from_secs(3);
     assert!(lock_time < bound, "{lock_time:?} (bound {bound:?})");
     let owed = redlock.pending_releases();
     assert!(owed >= 3, "each paused cluster is owed the release: {owed}");
@@ -513,7 +516,7 @@ async fn masters_paused_mid_round_and_resumed_after_unlock_leave_nothing() {
             (Err(e), _) => format!("{how_many} paused: {e}"),
             (Ok(_), None) => unreachable!(),
         };
-        assert!(took < Duration::from_secs(2), "{took:?}");
+        assert!(took < Duration::from_secs(5), "{took:?}");
         *outcomes.entry(label).or_default() += 1;
         for cluster in &pids[..how_many] {
             for &pid in cluster {
@@ -655,11 +658,20 @@ async fn a_held_lock_is_extended_checked_and_released_across_a_slot_migration() 
             &format!("moved: extend {stage}"),
             outcome(&redlock.extend(lock, LONG_TTL).await.map(|_| ())),
         );
+        let released = outcome(&redlock.unlock(lock).await);
         check(
             &format!("moved: unlock {stage}"),
-            outcome(&redlock.unlock(lock).await),
+            format!("{released}, owed {}", redlock.pending_releases()),
         );
     }
+    // A node that did not answer the unlock in time (a loaded machine, a
+    // slot map refreshed after `MOVED`) is owed it: the retry must find the
+    // key where the slot went.
+    assert!(
+        pending_drain(&redlock, Duration::from_secs(10)).await,
+        "owed releases drain: {} left",
+        redlock.pending_releases()
+    );
     let left = lock_keys_left(&clusters);
     assert!(left.is_empty(), "{left:?}");
     assert!(failed.is_empty(), "{failed:#?}");
@@ -1013,7 +1025,7 @@ async fn clusters_whose_masters_are_all_down_give_a_typed_error_in_bounded_time(
                 Err(e) => wrong.push(format!("{who}, attempt {attempt}: {e:?}")),
                 Ok(_) => panic!("granted by dead clusters"),
             }
-            assert!(took < Duration::from_secs(4), "{took:?}");
+            assert!(took < Duration::from_secs(10), "{took:?}");
         }
     }
     assert!(
@@ -1080,7 +1092,7 @@ async fn a_cluster_with_an_uncovered_slot_gives_a_typed_error() {
             }
             other => panic!("{other:?}"),
         }
-        assert!(took < Duration::from_secs(4), "{took:?}");
+        assert!(took < Duration::from_secs(10), "{took:?}");
     }
     // The failed attempt's release is owed to the two clusters until the
     // key's expiry (they answer CLUSTERDOWN); the third keeps nothing.
@@ -1175,7 +1187,7 @@ async fn a_wrong_or_missing_cluster_password_is_a_typed_error() {
                     "Error::NoQuorum"
                 }
             );
-            assert!(took < Duration::from_secs(2), "{took:?}");
+            assert!(took < Duration::from_secs(5), "{took:?}");
             if failures.iter().any(|f| f.cause.is_transient()) {
                 misclassified.push(format!("{what}: {causes:?}"));
             }
@@ -1253,7 +1265,7 @@ async fn a_key_of_the_wrong_type_is_a_typed_error_and_leaves_nothing() {
         other => panic!("{other:?}"),
     }
     assert!(
-        took < Duration::from_secs(2),
+        took < Duration::from_secs(5),
         "a reply that retrying cannot fix fails at once: {took:?}"
     );
     assert!(pending_drain(&redlock, Duration::from_secs(5)).await);
