@@ -46,8 +46,71 @@ pub(crate) fn target_addrs(target: &Target) -> Vec<String> {
 #[allow(clippy::large_enum_variant)]
 pub(crate) enum Dial {
     Single(Client),
+    /// The client of the requests, and that of the waiting link's
+    /// subscriptions.
     #[cfg(feature = "cluster")]
-    Cluster(redis::cluster::ClusterClient),
+    Cluster(redis::cluster::ClusterClient, Box<Subscribing>),
+}
+
+/// The client of a cluster node's subscription connections (sharded
+/// pub/sub, for [`crate::engine::wait`]): RESP3, whose messages arrive as
+/// pushes, which redis-rs hands to the sender fixed when the client is
+/// built. That sender relays them to the current session's receiver
+/// ([`Subscribing::connect`]).
+#[cfg(feature = "cluster")]
+pub(crate) struct Subscribing {
+    client: redis::cluster::ClusterClient,
+    relay: Relay,
+}
+
+/// Where a cluster node's pushes go: the receiver of the link's current
+/// session (none between sessions: they are dropped).
+#[cfg(feature = "cluster")]
+#[derive(Clone, Default)]
+struct Relay(
+    std::sync::Arc<std::sync::Mutex<Option<tokio::sync::mpsc::UnboundedSender<redis::PushInfo>>>>,
+);
+
+#[cfg(feature = "cluster")]
+impl redis::aio::AsyncPushSender for Relay {
+    fn send(&self, info: redis::PushInfo) -> Result<(), redis::aio::SendError> {
+        let to = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        match to.as_ref().map(|to| to.send(info)) {
+            Some(Ok(())) => Ok(()),
+            _ => Err(redis::aio::SendError),
+        }
+    }
+}
+
+#[cfg(feature = "cluster")]
+impl Subscribing {
+    /// The subscribing client of a cluster of `seeds`.
+    pub(crate) fn new(seeds: Vec<ConnectionInfo>, config: &Config) -> RedisResult<Self> {
+        let relay = Relay::default();
+        let client = cluster_builder(seeds, config)
+            .use_protocol(redis::ProtocolVersion::RESP3)
+            .push_sender(relay.clone())
+            .build()?;
+        Ok(Subscribing { client, relay })
+    }
+
+    /// A new connection for one session of the link, and the receiver of
+    /// its pushes (messages, subscription changes, disconnections). A
+    /// later call takes the pushes over from the connection before.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe: a dropped attempt leaves nothing behind.
+    pub(crate) async fn connect(
+        &self,
+    ) -> RedisResult<(
+        redis::cluster_async::ClusterConnection,
+        tokio::sync::mpsc::UnboundedReceiver<redis::PushInfo>,
+    )> {
+        let (to, pushes) = tokio::sync::mpsc::unbounded_channel();
+        *self.relay.0.lock().unwrap_or_else(|e| e.into_inner()) = Some(to);
+        let conn = self.client.get_async_connection().await?;
+        Ok((conn, pushes))
+    }
 }
 
 /// The client of a standalone node (over TLS where its URL says so).
@@ -75,6 +138,15 @@ pub(crate) fn cluster_client(
     seeds: Vec<ConnectionInfo>,
     config: &Config,
 ) -> RedisResult<redis::cluster::ClusterClient> {
+    cluster_builder(seeds, config).build()
+}
+
+/// The builder of [`cluster_client`].
+#[cfg(feature = "cluster")]
+fn cluster_builder(
+    seeds: Vec<ConnectionInfo>,
+    config: &Config,
+) -> redis::cluster::ClusterClientBuilder {
     let mut builder = redis::cluster::ClusterClientBuilder::new(seeds.clone())
         // Half the connect timeout for each seed and master: a silent one
         // (paused, or cut off) is given up in time for the others to make
@@ -100,7 +172,7 @@ pub(crate) fn cluster_client(
             builder = builder.password(password);
         }
     }
-    builder.build()
+    builder
 }
 
 /// `host:port`, plus `/db` when the database is not 0. Never the password.

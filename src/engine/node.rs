@@ -42,9 +42,10 @@ use redis::{AsyncConnectionConfig, RedisError, RedisResult};
 
 use crate::engine::config::Config;
 pub(crate) use crate::engine::conn::NodeConn;
+pub(crate) use crate::engine::dial::Dial;
+use crate::engine::dial::single_client;
 #[cfg(feature = "cluster")]
-use crate::engine::dial::cluster_client;
-use crate::engine::dial::{Dial, single_client};
+use crate::engine::dial::{Subscribing, cluster_client};
 pub(crate) use crate::engine::dial::{Target, target_addrs, target_label};
 use crate::protocol::error::NodeError;
 use crate::protocol::generation::Known;
@@ -205,7 +206,10 @@ impl Node {
         let dial = match target {
             Target::Single(info) => Dial::Single(single_client(info, config)?),
             #[cfg(feature = "cluster")]
-            Target::Cluster(seeds) => Dial::Cluster(cluster_client(seeds, config)?),
+            Target::Cluster(seeds) => Dial::Cluster(
+                cluster_client(seeds.clone(), config)?,
+                Box::new(Subscribing::new(seeds, config)?),
+            ),
         };
         Ok(Node {
             index,
@@ -275,7 +279,7 @@ impl Node {
         match self.dial {
             Dial::Single(_) => false,
             #[cfg(feature = "cluster")]
-            Dial::Cluster(_) => true,
+            Dial::Cluster(..) => true,
         }
     }
 
@@ -397,7 +401,7 @@ impl Node {
                         .await?,
                 ),
                 #[cfg(feature = "cluster")]
-                Dial::Cluster(client) => NodeConn::Cluster(client.get_async_connection().await?),
+                Dial::Cluster(client, _) => NodeConn::Cluster(client.get_async_connection().await?),
             };
             // A user whose ACL denies INFO (NOPERM) can still lock: the
             // server's identity and persistence are then unknown.
@@ -434,7 +438,7 @@ impl Node {
     /// plain RESP: the error says so, and that the URL may want `rediss://`.
     /// Still [`NodeError::Unreachable`] (a node restarting mid-handshake
     /// looks the same), only with the hint in its text.
-    fn hint_tls(&self, err: RedisError) -> RedisError {
+    pub(crate) fn hint_tls(&self, err: RedisError) -> RedisError {
         let plain = match &self.dial {
             Dial::Single(client) => matches!(
                 client.get_connection_info().addr(),
@@ -442,7 +446,7 @@ impl Node {
             ),
             // (A cluster takes no TLS here: no hint.)
             #[cfg(feature = "cluster")]
-            Dial::Cluster(_) => false,
+            Dial::Cluster(..) => false,
         };
         if plain && err.is_connection_dropped() && !err.is_connection_refusal() {
             RedisError::from((
@@ -456,23 +460,10 @@ impl Node {
         }
     }
 
-    /// A new dedicated pub/sub connection to the node, made within the
-    /// connect timeout (the subscriptions of [`crate::engine::wait`] ride on it).
-    ///
-    /// # Cancel safety
-    /// Cancel-safe: a dropped attempt leaves nothing behind.
-    pub(crate) async fn pubsub(&self) -> Result<redis::aio::PubSub, NodeError> {
-        #[allow(clippy::infallible_destructuring_match)]
-        let client = match &self.dial {
-            Dial::Single(client) => client,
-            #[cfg(feature = "cluster")]
-            Dial::Cluster(_) => return Err(NodeError::Unsupported("pub/sub on a cluster node")),
-        };
-        match tokio::time::timeout(self.connect_timeout, client.get_async_pubsub()).await {
-            Err(_) => Err(NodeError::Timeout),
-            Ok(Err(e)) => Err(NodeError::from_redis(self.hint_tls(e))),
-            Ok(Ok(pubsub)) => Ok(pubsub),
-        }
+    /// How the node is reached, and its connect timeout: what the links'
+    /// subscription connections are made with ([`crate::engine::wait`]).
+    pub(crate) fn dial(&self) -> (&Dial, Duration) {
+        (&self.dial, self.connect_timeout)
     }
 
     /// Reports that a request on `conn` timed out. A cluster connection whose

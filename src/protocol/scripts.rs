@@ -16,10 +16,15 @@ use redis::Script;
 
 use crate::protocol::generation;
 
+#[cfg(feature = "cluster")]
+mod sharded;
+#[cfg(feature = "cluster")]
+pub(crate) use sharded::{HANDOFF_CHECK_SHARD, UNLOCK_SHARD};
+
 /// `KEYS[1]` = key, `ARGV[1]` = token, `ARGV[2]` = `quiet` or absent.
 /// Deletes the key only when it holds the token, and then, in the same
 /// script, publishes the release on the key's [`release_channel`](crate::protocol::keys::release_channel) (see
-/// [`RELEASED`] for the message) unless `ARGV[2]` is `quiet`. Returns 1 when
+/// [`released`] for the message) unless `ARGV[2]` is `quiet`. Returns 1 when
 /// it deleted, 2 when it deleted and named a successor (the releaser then
 /// checks the hand-off, [`HANDOFF_CHECK`]), 0 otherwise; read by
 /// [`unlock::read`](crate::protocol::request::unlock::read).
@@ -32,17 +37,19 @@ use crate::protocol::generation;
 /// The publish is a `pcall`: a user whose ACL denies `PUBLISH` on the
 /// channel still releases (its waiters fall back to the timed retry). A
 /// key nobody waits for costs the node one `PUBSUB NUMSUB` more than the
-/// classic unlock, and no publish (see [`WAITED`]).
+/// classic unlock, and no publish (see [`unlock_many`]).
 pub(crate) static UNLOCK: LazyLock<Script> = LazyLock::new(|| {
+    let released = released("publish");
     Script::new(&format!(
         r#"if redis.call("get", KEYS[1]) == ARGV[1] then
     local deleted = redis.call("del", KEYS[1])
     if ARGV[2] ~= "quiet" then
-        -- the test of WAITED, inline: no closure on the common path
-        local n = redis.pcall("pubsub", "numsub", KEYS[1] .. "\255released")
+        -- the gate of unlock_many, inline
+        local channel = KEYS[1] .. "\255released"
+        local n = redis.pcall("pubsub", "numsub", channel)
         if type(n) ~= "table" or n.err ~= nil or n[2] ~= 0 then
-            {RELEASED}
-            if released(KEYS[1]) then
+            {released}
+            if released(channel, KEYS[1] .. "\255waiters", KEYS[1] .. "\255handoff") then
                 return 2
             end
         end
@@ -54,53 +61,87 @@ end"#
     ))
 });
 
-/// The Lua test of the unlock scripts (written out inline in [`UNLOCK`]),
-/// a function of a key: whether anyone
-/// may wait for it on this node, that is, whether anyone subscribes its
-/// release channel (`PUBSUB NUMSUB`). Every waiting manager subscribes
-/// that channel before its last attempt, and a manager registered for the
-/// key subscribes it first, so where nobody subscribes nobody could be
-/// told: the release skips [`RELEASED`] (the waiters' hash, the digest, the
-/// publish) and costs the node about what the classic token-checked unlock
-/// costs, plus this one command. Where `PUBSUB` is refused (an ACL), it
-/// answers yes, and the release publishes as before.
-const WAITED: &str = r#"(function(key)
-        local n = redis.pcall("pubsub", "numsub", key .. "\255released")
-        return type(n) ~= "table" or n.err ~= nil or n[2] ~= 0
-    end)"#;
+/// The gate of the unlock scripts (written out inline in [`UNLOCK`]):
+/// whether anyone may wait for a key on this node, that is, whether anyone
+/// subscribes its release channel (`PUBSUB NUMSUB`; `SHARDNUMSUB` on a
+/// cluster node). Every waiting manager subscribes that channel before its
+/// last attempt, and a manager registered for the key subscribes it first,
+/// so where nobody subscribes nobody could be told: the release skips
+/// [`released`] (the waiters' hash, the digest, the publish) and costs the
+/// node about what the classic token-checked unlock costs, plus this one
+/// command. Where `PUBSUB` is refused (an ACL), it answers yes, and the
+/// release publishes as before.
+///
+/// The body of the release of several keys ([`UNLOCK_MANY`], and
+/// `UNLOCK_SHARD` on a cluster node): `publish` and `numsub` are the
+/// commands of the node's kind of pub/sub, `prefix` the Lua expression
+/// put before a lock key to name the waiting protocol's channels and keys
+/// (empty, or the slot's tag `ARGV[3] .. ` on a cluster node).
+fn unlock_many(publish: &str, numsub: &str, prefix: &str) -> String {
+    format!(
+        r#"{released}
+local deleted = 0
+local named = false
+for _, key in ipairs(KEYS) do
+    if redis.call("get", key) == ARGV[1] then
+        deleted = deleted + redis.call("del", key)
+        if ARGV[2] ~= "quiet" then
+            local name = {prefix}key
+            local channel = name .. "\255released"
+            local n = redis.pcall("pubsub", "{numsub}", channel)
+            if (type(n) ~= "table" or n.err ~= nil or n[2] ~= 0)
+                and released(channel, name .. "\255waiters", name .. "\255handoff") then
+                named = true
+            end
+        end
+    end
+end
+if named then
+    return 2
+end
+if deleted > 0 then
+    return 1
+end
+return 0"#,
+        released = released(publish)
+    )
+}
 
-/// The Lua helper of the unlock scripts: `released(key)` publishes the
-/// release of `key`, with a message that names the release without giving
-/// the token away (the first 16 hex digits of the SHA-1 of the token,
-/// `ARGV[1]`: the same on every node), on the own channel of one live
-/// registered waiting manager, the successor (at most 3 tries; then it
-/// leaves the key's hand-off marker and returns true), or else on the
-/// key's release channel, for every manager. The names are those of
-/// [`keys`](crate::protocol::keys) (`"\255"` is the byte `0xFF`); the
-/// protocol, and the reason for each step, is described in
-/// `docs/waiting.md`.
+/// The Lua helper of the unlock scripts, with `publish` the command that
+/// publishes (`publish`, or `spublish` on a cluster node):
+/// `released(channel, queue, marker)` publishes the release of a key whose
+/// release channel, waiting hash and hand-off marker these are, with a
+/// message that names the release without giving the token away (the
+/// first 16 hex digits of the SHA-1 of the token, `ARGV[1]`: the same on
+/// every node), on the own channel of one live registered waiting
+/// manager, the successor (at most 3 tries; then it leaves the key's
+/// hand-off marker and returns true), or else on the key's release
+/// channel, for every manager. The names are those of
+/// [`keys`](crate::protocol::keys) (`"\255"` is the byte `0xFF`), in the
+/// key's slot on a cluster node; the protocol, and the reason for each
+/// step, is described in `docs/waiting.md`.
 ///
 /// The message and the node's clock are read once per script run, at the
 /// first key that needs them: a release of many keys ([`UNLOCK_MANY`]) pays
 /// per key only the hash read and the publish (and only for keys someone
-/// may wait for, [`WAITED`]).
-const RELEASED: &str = r#"local message, now
-local function released(key)
+/// may wait for, [`unlock_many`]).
+fn released(publish: &str) -> String {
+    format!(
+        r#"local message, now
+local function released(channel, queue, marker)
     if not message then
         message = string.sub(redis.sha1hex(ARGV[1]), 1, 16)
     end
-    local channel = key .. "\255released"
-    local queue = key .. "\255waiters"
     local ok, live = pcall(function()
         local ids = redis.call("hgetall", queue)
         if #ids == 0 then
-            return {}
+            return {{}}
         end
         if not now then
             local t = redis.call("time")
             now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
         end
-        local live = {}
+        local live = {{}}
         for i = 1, #ids, 2 do
             local deadline = tonumber(ids[i + 1])
             if deadline and deadline > now then
@@ -116,28 +157,30 @@ local function released(key)
         local at = tonumber(string.sub(message, 1, 8), 16) % #live
         for try = 1, math.min(#live, 3) do
             local successor = live[(at + try - 1) % #live + 1]
-            local sent = redis.pcall("publish", channel .. "\255" .. successor, message)
+            local sent = redis.pcall("{publish}", channel .. "\255" .. successor, message)
             if type(sent) ~= "number" then
                 break
             end
             if sent > 0 then
-                redis.pcall("set", key .. "\255handoff", message, "PX", 30000)
+                redis.pcall("set", marker, message, "PX", 30000)
                 return true
             end
             redis.pcall("hdel", queue, successor)
         end
-        redis.pcall("del", key .. "\255handoff")
+        redis.pcall("del", marker)
     end
-    redis.pcall("publish", channel, message)
+    redis.pcall("{publish}", channel, message)
     return false
-end"#;
+end"#
+    )
+}
 
 /// `KEYS` = the lock keys of a release, `ARGV[1]` = its token. Sent by the
 /// releaser, [`wait::HANDOFF_CHECK`](crate::protocol::timing::HANDOFF_CHECK) after a
 /// release that named a successor ([`UNLOCK`] returned 2), to each node
 /// that released: for each key that is still free, and whose last
 /// contended release is still this one (its hand-off marker, see
-/// [`RELEASED`], holds this release's message), publishes the release
+/// [`released`], holds this release's message), publishes the release
 /// again, with the same message, on the key's [`release_channel`](crate::protocol::keys::release_channel), for
 /// every manager, and drops the marker. A successor that took the lock left
 /// the key held, and a later release replaced or dropped the marker: then
@@ -438,29 +481,8 @@ return 1"#;
 /// [`UNLOCK`] does (the message and the clock read once for the whole
 /// set). Returns 1 when it deleted any, 2 when it also named a successor
 /// for any, 0 otherwise.
-pub(crate) static UNLOCK_MANY: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(&format!(
-        r#"{RELEASED}
-local waited = {WAITED}
-local deleted = 0
-local named = false
-for _, key in ipairs(KEYS) do
-    if redis.call("get", key) == ARGV[1] then
-        deleted = deleted + redis.call("del", key)
-        if ARGV[2] ~= "quiet" and waited(key) and released(key) then
-            named = true
-        end
-    end
-end
-if named then
-    return 2
-end
-if deleted > 0 then
-    return 1
-end
-return 0"#
-    ))
-});
+pub(crate) static UNLOCK_MANY: LazyLock<Script> =
+    LazyLock::new(|| Script::new(&unlock_many("publish", "numsub", "")));
 
 /// `KEYS` = the lock keys, `ARGV[1]` = token. Returns 1 where every key
 /// holds the token, 0 elsewhere. Changes nothing.

@@ -8,11 +8,11 @@ use std::collections::HashSet;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
-use futures::StreamExt;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
 use super::state::{Shared, Status, deliver, set_status, wake_all};
+use super::subscriber::{Event, Subscriber};
 use crate::engine::node::Node;
 use crate::protocol::keys;
 use crate::protocol::request::register;
@@ -69,17 +69,6 @@ pub(super) async fn run_link(shared: Weak<Shared>, index: usize, mut changes: mp
     // up, every waiter tries once more (a release may have come while the
     // subscription was down).
     let mut was_up = false;
-    if let Some(strong) = shared.upgrade()
-        && strong.nodes[index].is_cluster()
-    {
-        // A cluster node publishes no release its waiters could hear (they
-        // retry on the holder's expiry instead): the link stays down, and
-        // lives until the manager's registry lets it go.
-        set_status(&strong, index, Status::Down);
-        drop(strong);
-        while changes.recv().await.is_some() {}
-        return;
-    }
     loop {
         let Some(node) = shared.upgrade().map(|s| s.nodes[index].clone()) else {
             return;
@@ -88,10 +77,10 @@ pub(super) async fn run_link(shared: Weak<Shared>, index: usize, mut changes: mp
         // waiters and reset the backoff (a node that stays down must not
         // wake every waiter at each reconnection attempt).
         let mut up = false;
-        let ended = match node.pubsub().await {
+        let ended = match Subscriber::connect(&node).await {
             Err(_) => Ended::Broken,
-            Ok(pubsub) => {
-                let ended = serve(&shared, index, pubsub, &mut changes, was_up, &mut up).await;
+            Ok(sub) => {
+                let ended = serve(&shared, index, sub, &mut changes, was_up, &mut up).await;
                 if up {
                     backoff = FIRST_BACKOFF;
                     was_up = true;
@@ -157,12 +146,11 @@ impl Drop for AbortOnDrop {
 async fn serve(
     shared: &Weak<Shared>,
     index: usize,
-    pubsub: redis::aio::PubSub,
+    mut sub: Subscriber,
     changes: &mut mpsc::Receiver<()>,
     was_up: bool,
     up: &mut bool,
 ) -> Ended {
-    let (mut sink, mut stream) = pubsub.split();
     let Some(Begin {
         wanted,
         node,
@@ -185,8 +173,9 @@ async fn serve(
     let _sender = AbortOnDrop(tokio::spawn({
         let node = node.clone();
         async move {
+            let cluster = node.is_cluster();
             while let Some(cmds) = queued.recv().await {
-                queue_commands(&node, cmds).await;
+                queue_commands(&node, cmds, cluster).await;
             }
         }
     }));
@@ -195,7 +184,7 @@ async fn serve(
         owned: HashSet::new(),
         named: true,
     };
-    let subscribed = subscribe(shared, index, &mut sink, &mut session, &side, wanted);
+    let subscribed = subscribe(shared, index, &mut sub, &mut session, &side, wanted);
     if let Err(ended) = subscribed.await {
         return ended;
     }
@@ -213,17 +202,24 @@ async fn serve(
     renew.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         let step = tokio::select! {
-            message = stream.next() => {
-                let Some(message) = message else {
+            event = sub.next() => match event {
+                None => return Ended::Broken,
+                Some(Event::Message { channel, payload }) => {
+                    on_message(shared, &sub, channel, &payload, &own_suffix, &side)
+                }
+                // A subscription the node ended by itself (its slot moved):
+                // a new session subscribes it where it went, and wakes the
+                // waiters (a release may have come in between).
+                Some(Event::Dropped(channel)) if session.actual.contains(&channel) => {
                     return Ended::Broken;
-                };
-                on_message(shared, &message, &own_suffix, &side)
-            }
+                }
+                Some(Event::Dropped(_)) => Ok(()),
+            },
             _ = renew.tick() => {
                 let cmds = session
                     .owned
                     .iter()
-                    .map(|c| register::register(c, &id, lease))
+                    .map(|c| register::register(&sub.wire(c), &id, lease))
                     .collect();
                 let _ = side.try_send(cmds);
                 Ok(())
@@ -232,7 +228,7 @@ async fn serve(
                 if change.is_none() {
                     return Ended::Closed;
                 }
-                on_changes(shared, index, &mut sink, &mut session, &side, &id).await
+                on_changes(shared, index, &mut sub, &mut session, &side, &id).await
             }
         };
         if let Err(ended) = step {
@@ -274,26 +270,26 @@ struct Begin {
 /// left here is published again for every manager.
 fn on_message(
     shared: &Weak<Shared>,
-    message: &redis::Msg,
+    sub: &Subscriber,
+    mut channel: Vec<u8>,
+    payload: &[u8],
     own_suffix: &[u8],
     side: &mpsc::Sender<Vec<redis::Cmd>>,
 ) -> Result<(), Ended> {
     let Some(strong) = shared.upgrade() else {
         return Err(Ended::Closed);
     };
-    let Ok(mut channel) = message.get_channel::<Vec<u8>>() else {
-        return Ok(());
-    };
     let named = channel.ends_with(own_suffix);
     if named {
         channel.truncate(channel.len() - own_suffix.len());
     }
-    let orphan = deliver(&strong, &channel, message.get_payload_bytes(), named);
+    let orphan = deliver(&strong, &channel, payload, named);
     drop(strong);
     if let Some(hash) = orphan {
         // Named, with no waiter left here: every manager is
         // told instead, on the key's channel.
-        let _ = side.try_send(vec![register::publish(&channel, &hash)]);
+        let publish = register::publish(&sub.wire(&channel), &hash, sub.is_cluster());
+        let _ = side.try_send(vec![publish]);
     }
     Ok(())
 }
@@ -304,7 +300,7 @@ fn on_message(
 async fn on_changes(
     shared: &Weak<Shared>,
     index: usize,
-    sink: &mut redis::aio::PubSubSink,
+    sub: &mut Subscriber,
     session: &mut Session,
     side: &mpsc::Sender<Vec<redis::Cmd>>,
     id: &str,
@@ -347,7 +343,10 @@ async fn on_changes(
         // release that still names this manager once it is
         // unsubscribed reaches nobody there, drops the
         // registration and is published for every manager.
-        let cmds = chunk.iter().map(|c| register::unregister(c, id)).collect();
+        let cmds = chunk
+            .iter()
+            .map(|c| register::unregister(&sub.wire(c), id))
+            .collect();
         let _ = side.try_send(cmds);
         let mut names = chunk.to_vec();
         for c in chunk {
@@ -356,30 +355,43 @@ async fn on_changes(
             }
         }
         let unsubscribed =
-            bounded(async { sink.unsubscribe(names).await.map_err(|_| Ended::Broken) });
+            bounded(async { sub.unsubscribe(&names).await.map_err(|_| Ended::Broken) });
         unsubscribed.await?;
         for c in chunk {
             session.actual.remove(c);
         }
     }
-    subscribe(shared, index, sink, session, side, add).await
+    subscribe(shared, index, sub, session, side, add).await
 }
 
-/// Sends `cmds` to the node on its ordinary connection in one pipeline,
-/// within [`SIDE_TIMEOUT`], ignoring the replies: a registration that fails (an
+/// Sends `cmds` to the node on its ordinary connection in one pipeline
+/// (on a cluster node, each on its own, to its slot's master), within
+/// [`SIDE_TIMEOUT`], ignoring the replies: a registration that fails (an
 /// ACL, a node down) only means that releases there do not name this
 /// manager, and its waiters are woken as before the registration.
-async fn queue_commands(node: &Node, cmds: Vec<redis::Cmd>) {
+async fn queue_commands(node: &Node, cmds: Vec<redis::Cmd>, cluster: bool) {
     if cmds.is_empty() {
         return;
     }
-    let mut pipe = redis::pipe();
-    for cmd in cmds {
-        pipe.add_command(cmd).ignore();
-    }
     let _ = tokio::time::timeout(SIDE_TIMEOUT, async {
-        if let Ok(conn) = node.connection().await {
-            let mut conn = conn.conn;
+        let Ok(conn) = node.connection().await else {
+            return;
+        };
+        let conn = conn.conn;
+        if cluster {
+            let sent = cmds.into_iter().map(|cmd| {
+                let mut conn = conn.clone();
+                async move {
+                    let _: Result<(), _> = cmd.query_async(&mut conn).await;
+                }
+            });
+            futures::future::join_all(sent).await;
+        } else {
+            let mut pipe = redis::pipe();
+            for cmd in cmds {
+                pipe.add_command(cmd).ignore();
+            }
+            let mut conn = conn;
             let _: Result<(), _> = pipe.query_async(&mut conn).await;
         }
     })
@@ -409,20 +421,22 @@ struct Session {
 async fn subscribe(
     shared: &Weak<Shared>,
     index: usize,
-    sink: &mut redis::aio::PubSubSink,
+    sub: &mut Subscriber,
     session: &mut Session,
     side: &mpsc::Sender<Vec<redis::Cmd>>,
     channels: Vec<Vec<u8>>,
 ) -> Result<(), Ended> {
+    // Denied: an ACL, or a server without the command (sharded pub/sub
+    // came in Redis 7.0).
     let denied = |e: redis::RedisError| {
-        if e.code() == Some("NOPERM") {
+        if e.code() == Some("NOPERM") || e.to_string().contains("unknown command") {
             Ended::Denied
         } else {
             Ended::Broken
         }
     };
     for chunk in channels.chunks(BATCH) {
-        bounded(async { sink.subscribe(chunk).await.map_err(denied) }).await?;
+        bounded(async { sub.subscribe(chunk).await.map_err(denied) }).await?;
         session.actual.extend(chunk.iter().cloned());
         let Some(strong) = shared.upgrade() else {
             return Err(Ended::Closed);
@@ -445,7 +459,7 @@ async fn subscribe(
             .iter()
             .map(|c| keys::successor_channel(c, &id))
             .collect();
-        match bounded(async { sink.subscribe(own).await.map_err(denied) }).await {
+        match bounded(async { sub.subscribe(&own).await.map_err(denied) }).await {
             Ok(()) => {}
             Err(Ended::Denied) => {
                 session.named = false;
@@ -456,7 +470,7 @@ async fn subscribe(
         session.owned.extend(chunk.iter().cloned());
         let cmds = chunk
             .iter()
-            .map(|c| register::register(c, &id, lease))
+            .map(|c| register::register(&sub.wire(c), &id, lease))
             .collect();
         let _ = side.try_send(cmds);
     }

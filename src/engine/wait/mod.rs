@@ -31,3 +31,4 @@ mod link;
 pub(crate) mod registration;
 pub(crate) mod registry;
 mod state;
+mod subscriber;

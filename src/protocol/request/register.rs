@@ -30,9 +30,9 @@ pub(crate) fn unregister(channel: &[u8], id: &str) -> Cmd {
 }
 
 /// A release message published again on the key's release `channel`, for
-/// every manager.
-pub(crate) fn publish(channel: &[u8], message: &[u8]) -> Cmd {
-    let mut cmd = redis::cmd("PUBLISH");
+/// every manager (with `SPUBLISH` on a cluster node: `sharded`).
+pub(crate) fn publish(channel: &[u8], message: &[u8], sharded: bool) -> Cmd {
+    let mut cmd = redis::cmd(if sharded { "SPUBLISH" } else { "PUBLISH" });
     cmd.arg(channel).arg(message);
     cmd
 }

@@ -143,6 +143,41 @@ pub(crate) fn localize(request: &Request) -> Option<Request> {
             keys,
             args,
             kind,
+            ..
+        } if is_release(script) => {
+            let slot = slot(keys.first()?);
+            let tag = in_slot(b"", slot);
+            let token = args.first()?.clone();
+            let args: Vec<Vec<u8>> = if std::ptr::eq(*script, &*scripts::HANDOFF_CHECK) {
+                vec![token, tag]
+            } else {
+                let loud = args.get(1).is_none_or(|a| a.as_slice() != b"quiet");
+                let quiet = if loud {
+                    b"loud".to_vec()
+                } else {
+                    b"quiet".to_vec()
+                };
+                vec![token, quiet, tag]
+            };
+            let sharded: &'static redis::Script = if std::ptr::eq(*script, &*scripts::HANDOFF_CHECK)
+            {
+                &scripts::HANDOFF_CHECK_SHARD
+            } else {
+                &scripts::UNLOCK_SHARD
+            };
+            Some(Request::Script {
+                script: sharded,
+                keys: keys.clone(),
+                args: args.into(),
+                kind: *kind,
+                marked: Marked::No,
+            })
+        }
+        Request::Script {
+            script,
+            keys,
+            args,
+            kind,
             marked,
         } if keys.iter().any(|k| own(k)) => {
             let slot = slot(keys.iter().find(|k| !own(k))?);
@@ -160,6 +195,39 @@ pub(crate) fn localize(request: &Request) -> Option<Request> {
         }
         _ => None,
     }
+}
+
+/// Whether `script` publishes releases ([`scripts::UNLOCK`],
+/// [`scripts::UNLOCK_MANY`], [`scripts::HANDOFF_CHECK`]): on a cluster node
+/// it becomes [`scripts::UNLOCK_SHARD`] or
+/// [`scripts::HANDOFF_CHECK_SHARD`], which name the waiting protocol's
+/// channels and keys in the lock keys' slot and publish with `SPUBLISH`.
+fn is_release(script: &redis::Script) -> bool {
+    [
+        &*scripts::UNLOCK,
+        &*scripts::UNLOCK_MANY,
+        &*scripts::HANDOFF_CHECK,
+    ]
+    .into_iter()
+    .any(|s| std::ptr::eq(script, s))
+}
+
+/// The name of the waiting protocol (release or own channel, waiting hash:
+/// a lock key, `0xFF`, then the rest) in the slot of its lock key, as a
+/// cluster node knows it: see [`scripts::UNLOCK_SHARD`].
+pub(crate) fn wire_name(name: &[u8]) -> Vec<u8> {
+    let key = name.split(|&b| b == SEPARATOR).next().unwrap_or(name);
+    in_slot(name, slot(key))
+}
+
+/// The name of the waiting protocol that [`wire_name`] put in a slot.
+pub(crate) fn unwire_name(name: &[u8]) -> &[u8] {
+    if name.first() == Some(&b'{')
+        && let Some(close) = name.iter().position(|&b| b == b'}')
+    {
+        return &name[close + 1..];
+    }
+    name
 }
 
 /// The request cut into one per slot, where its lock keys are in several
@@ -208,7 +276,9 @@ pub(crate) fn split(request: &Request) -> Result<Option<Split>, NodeError> {
         Combine::Extend
     } else if is(&scripts::CHECK_MANY) || is(&scripts::CHECK_MANY_MARKED) {
         Combine::Check
-    } else if is(&scripts::UNLOCK_MANY) {
+    } else if is(&scripts::UNLOCK_MANY) || is(&scripts::HANDOFF_CHECK) {
+        // The hand-off check answers how many keys it published: any part
+        // that published makes the node's answer positive.
         Combine::Unlock
     } else {
         return Err(NodeError::Unsupported(
@@ -332,181 +402,4 @@ pub(crate) fn release(part: &Request, token: &[u8]) -> Option<Request> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::protocol::request::{Kind, Marked, script};
-
-    fn many(script_: &'static std::sync::LazyLock<redis::Script>, keys: &[&str]) -> Request {
-        let keys: Vec<&[u8]> = keys.iter().map(|k| k.as_bytes()).collect();
-        script(Kind::Other, script_, script_, &keys, &[b"tok", b"1000"])
-    }
-
-    fn keys_of(request: &Request) -> Vec<Vec<u8>> {
-        match request {
-            Request::Script { keys, .. } => keys.to_vec(),
-            Request::Durable { write, .. } => keys_of(write),
-            _ => panic!("not a script"),
-        }
-    }
-
-    #[test]
-    fn slots_are_computed_as_a_cluster_does() {
-        // CRC16/XMODEM of "123456789" is 0x31C3; the rest from CLUSTER KEYSLOT.
-        assert_eq!(slot(b"123456789"), 0x31C3);
-        assert_eq!(slot(b"foo"), 12182);
-        assert_eq!(slot(b"{user1000}.following"), slot(b"user1000"));
-        assert_eq!(slot(b"foo{}{bar}"), slot(b"foo{}{bar}"));
-        assert_ne!(slot(b"foo{}{bar}"), slot(b"bar"), "an empty tag is no tag");
-        assert_eq!(slot(b"{a}\xff"), slot(b"a"));
-        for s in 0..16384u16 {
-            assert_eq!(slot(slot_tag(s).as_bytes()), s);
-        }
-        assert!(SLOT_TAGS.iter().all(|t| t.len() <= 6));
-    }
-
-    #[test]
-    fn own_keys_move_into_the_lock_keys_slot() {
-        let keys: [&[u8]; 3] = [b"app:x", b"app:x\xfffence", b"app:\xffcounter"];
-        let request = script(
-            Kind::Other,
-            &scripts::FENCE_READ,
-            &scripts::FENCE_READ,
-            &keys,
-            &[b"t"],
-        );
-        let local = localize(&request).expect("own keys to move");
-        let moved = keys_of(&local);
-        assert_eq!(moved[0], b"app:x");
-        assert!(moved.iter().all(|k| slot(k) == slot(b"app:x")), "{moved:?}");
-        assert_eq!(moved[2], in_slot(b"app:\xffcounter", slot(b"app:x")));
-        let plain = many(&scripts::ACQUIRE_MANY, &["a", "b"]);
-        assert!(localize(&plain).is_none());
-    }
-
-    #[test]
-    fn a_marked_set_names_the_marker_in_every_part() {
-        let request = Request::Script {
-            script: &scripts::ACQUIRE_MANY_MARKED,
-            keys: vec![
-                b"{a}1".to_vec(),
-                b"{b}1".to_vec(),
-                b"app:\xffgeneration".to_vec(),
-            ]
-            .into(),
-            args: Arc::new([b"tok".to_vec(), b"1000".to_vec(), b"cand".to_vec()]),
-            kind: Kind::Other,
-            marked: Marked::Known,
-        };
-        let split = split(&request).unwrap().unwrap();
-        assert_eq!(split.marked, Marked::Known);
-        for part in &split.parts {
-            let keys = keys_of(part);
-            assert_eq!(keys.len(), 2);
-            assert_eq!(keys[1], b"app:\xffgeneration");
-            let local = keys_of(&localize(part).unwrap());
-            assert_eq!(slot(&local[1]), slot(&local[0]));
-        }
-        let young = Value::Array(vec![
-            Value::Int(1),
-            Value::Int(5),
-            Value::BulkString(b"g1".to_vec()),
-        ]);
-        let old = Value::Array(vec![
-            Value::Int(1),
-            Value::Int(9000),
-            Value::BulkString(b"g2".to_vec()),
-        ]);
-        assert_eq!(
-            combine_marked(
-                Combine::Acquire,
-                Marked::Known,
-                &[old.clone(), young.clone()]
-            ),
-            young
-        );
-        let known = Value::Array(vec![Value::Int(1)]);
-        assert_eq!(
-            combine_marked(
-                Combine::Acquire,
-                Marked::Known,
-                &[known.clone(), known.clone()]
-            ),
-            known
-        );
-        assert!(acquired(&young));
-    }
-
-    #[test]
-    fn keys_of_one_slot_are_sent_as_they_are() {
-        let one = many(&scripts::ACQUIRE_MANY, &["{a}x", "{a}y", "{a}z"]);
-        assert!(split(&one).unwrap().is_none());
-        let set = Request::Cmd(Arc::new(redis::cmd("SET")));
-        assert!(split(&set).unwrap().is_none());
-    }
-
-    #[test]
-    fn keys_are_grouped_by_slot_in_order() {
-        let request = many(&scripts::ACQUIRE_MANY, &["{a}1", "{b}1", "{a}2", "{c}1"]);
-        let split = split(&request).unwrap().expect("three slots");
-        assert_eq!(split.combine, Combine::Acquire);
-        assert_eq!(split.token, b"tok");
-        let groups: Vec<Vec<Vec<u8>>> = split.parts.iter().map(keys_of).collect();
-        assert_eq!(
-            groups,
-            vec![
-                vec![b"{a}1".to_vec(), b"{a}2".to_vec()],
-                vec![b"{b}1".to_vec()],
-                vec![b"{c}1".to_vec()],
-            ]
-        );
-        let durable = request.durable(crate::protocol::durability::Durability::Replicas {
-            replicas: 1,
-            timeout: std::time::Duration::from_millis(10),
-        });
-        let parts = super::split(&durable).unwrap().unwrap().parts;
-        assert!(parts.iter().all(|p| matches!(p, Request::Durable { .. })));
-    }
-
-    #[test]
-    fn fencing_over_several_slots_is_refused() {
-        let request = many(&scripts::FENCE_WRITE, &["{a}1", "{b}1"]);
-        assert!(matches!(split(&request), Err(NodeError::Unsupported(_))));
-    }
-
-    #[test]
-    fn the_node_agrees_only_where_every_part_did() {
-        let held = Value::BulkString(b"other".to_vec());
-        let one = Value::Int(1);
-        assert_eq!(
-            combine(Combine::Acquire, &[one.clone(), one.clone()]),
-            Value::Int(1)
-        );
-        assert_eq!(
-            combine(Combine::Acquire, &[one.clone(), held.clone()]),
-            held
-        );
-        assert_eq!(
-            combine(Combine::Extend, &[Value::Int(1), Value::Int(2)]),
-            Value::Int(0)
-        );
-        assert_eq!(
-            combine(Combine::Extend, &[Value::Int(2), Value::Int(2)]),
-            Value::Int(2)
-        );
-        assert_eq!(
-            combine(Combine::Check, &[Value::Int(1), Value::Int(0)]),
-            Value::Int(0)
-        );
-        assert_eq!(
-            combine(
-                Combine::Unlock,
-                &[Value::Int(0), Value::Int(2), Value::Int(1)]
-            ),
-            Value::Int(2)
-        );
-        let release = release(&many(&scripts::ACQUIRE_MANY, &["k"]), b"tok").unwrap();
-        assert!(
-            matches!(release, Request::Script { script, marked: Marked::No, .. } if std::ptr::eq(script, &*scripts::UNLOCK_MANY))
-        );
-    }
-}
+mod tests;
