@@ -185,21 +185,29 @@ end"#
 /// every manager, and drops the marker. A successor that took the lock left
 /// the key held, and a later release replaced or dropped the marker: then
 /// nothing is sent. Returns how many keys it published.
-pub(crate) static HANDOFF_CHECK: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
+pub(crate) static HANDOFF_CHECK: LazyLock<Script> =
+    LazyLock::new(|| Script::new(&handoff_check("publish", "")));
+
+/// The body of [`HANDOFF_CHECK`] (and of `HANDOFF_CHECK_SHARD` on a
+/// cluster node): `publish` and `prefix` as in [`unlock_many`]. The
+/// marker is read and dropped with `pcall`: on a cluster node it is not
+/// declared (see `UNLOCK_SHARD`).
+fn handoff_check(publish: &str, prefix: &str) -> String {
+    format!(
         r#"local message = string.sub(redis.sha1hex(ARGV[1]), 1, 16)
 local published = 0
 for _, key in ipairs(KEYS) do
-    local marker = key .. "\255handoff"
-    if not redis.call("get", key) and redis.call("get", marker) == message then
-        redis.call("del", marker)
-        redis.pcall("publish", key .. "\255released", message)
+    local name = {prefix}key
+    local marker = name .. "\255handoff"
+    if not redis.call("get", key) and redis.pcall("get", marker) == message then
+        redis.pcall("del", marker)
+        redis.pcall("{publish}", name .. "\255released", message)
         published = published + 1
     end
 end
-return published"#,
+return published"#
     )
-});
+}
 
 /// `KEYS[1]` = a [`waiters_key`](crate::protocol::keys::waiters_key), `ARGV[1]` = manager id, `ARGV[2]` = lease
 /// in milliseconds. Registers the manager as waiting until the node's

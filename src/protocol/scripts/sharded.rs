@@ -5,7 +5,7 @@ use std::sync::LazyLock;
 
 use redis::Script;
 
-use super::unlock_many;
+use super::{handoff_check, unlock_many};
 
 /// The release on a cluster node (feature `cluster`): [`UNLOCK_MANY`](super::UNLOCK_MANY) over
 /// lock keys of one hash slot, whose names of the waiting protocol are in
@@ -32,19 +32,5 @@ pub(crate) static UNLOCK_SHARD: LazyLock<Script> =
 /// [`HANDOFF_CHECK`](super::HANDOFF_CHECK) on a cluster node, over lock keys of one slot:
 /// `ARGV[2]` = the slot's tag (see [`UNLOCK_SHARD`]), and the release is
 /// published again with `SPUBLISH`.
-pub(crate) static HANDOFF_CHECK_SHARD: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r#"local message = string.sub(redis.sha1hex(ARGV[1]), 1, 16)
-local published = 0
-for _, key in ipairs(KEYS) do
-    local name = ARGV[2] .. key
-    local marker = name .. "\255handoff"
-    if not redis.call("get", key) and redis.pcall("get", marker) == message then
-        redis.pcall("del", marker)
-        redis.pcall("spublish", name .. "\255released", message)
-        published = published + 1
-    end
-end
-return published"#,
-    )
-});
+pub(crate) static HANDOFF_CHECK_SHARD: LazyLock<Script> =
+    LazyLock::new(|| Script::new(&handoff_check("spublish", "ARGV[2] .. ")));
