@@ -322,3 +322,110 @@ async fn a_waiter_hears_the_release_after_a_failover() {
     assert!(took < WOKEN, "not woken by the release: {took:?}");
     b.unlock(&next).await.unwrap();
 }
+
+/// The rule docs/clusters.md gives a lock user on cluster nodes (key
+/// prefix `app:`): the lock keys, and the crate's names in their slots
+/// (`{<tag>}` first); sharded pub/sub; `CLUSTER SLOTS`, `ASKING` and
+/// `PING` for redis-rs's cluster client.
+const CLUSTER_RULE: &[&str] = &[
+    "on",
+    ">locker-pass",
+    "resetkeys",
+    "~app:*",
+    "~{*}app:*",
+    "resetchannels",
+    "&app:*",
+    "&{*}app:*",
+    "-@all",
+    "+set",
+    "+get",
+    "+del",
+    "+pexpire",
+    "+pttl",
+    "+time",
+    "+eval",
+    "+evalsha",
+    "+script|load",
+    "+spublish",
+    "+ssubscribe",
+    "+sunsubscribe",
+    "+pubsub|shardnumsub",
+    "+hset",
+    "+hgetall",
+    "+hdel",
+    "+info",
+    "+cluster|slots",
+    "+asking",
+    "+ping",
+];
+
+/// A lock user with the documented rule on every master of five clusters
+/// locks, waits (woken by the release), extends, fences and releases, and
+/// no master logs a denial.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_user_with_the_documented_rule_waits_on_cluster_nodes() {
+    let clusters = RedisClusters::start(5, 2, 0);
+    let mut urls = Vec::new();
+    for cluster in clusters.iter() {
+        for m in 0..cluster.masters() {
+            let mut conn = cluster.master_conn(m);
+            let mut set = redis::cmd("ACL");
+            set.arg("SETUSER").arg("locker").arg(CLUSTER_RULE);
+            let _: () = set.query(&mut conn).unwrap();
+            // redis-rs names its connections (`CLIENT SETINFO`) where the
+            // server knows the command (Redis 7.0 refuses the name).
+            let _: Result<(), _> = redis::cmd("ACL")
+                .arg("SETUSER")
+                .arg("locker")
+                .arg("+client|setinfo")
+                .query(&mut conn);
+            let _: () = redis::cmd("ACL")
+                .arg("LOG")
+                .arg("RESET")
+                .query(&mut conn)
+                .unwrap();
+        }
+        urls.push(cluster.url().replacen(
+            "redis+cluster://",
+            "redis+cluster://locker:locker-pass@",
+            1,
+        ));
+    }
+    let user = |urls: &[String]| {
+        Redlock::builder(urls.iter().map(String::as_str))
+            .key_prefix("app:")
+            .node_timeout(Duration::from_millis(500))
+            .retry_delay(Duration::from_secs(30))
+            .retry_jitter(Duration::from_millis(1))
+            .build()
+            .unwrap()
+    };
+    let (a, c) = (user(&urls), user(&urls));
+    let res = resource("cw-acl");
+    let held = a.lock(&res, HOLD).await.unwrap();
+    let waiting = {
+        let (c, res) = (c.clone(), res.clone());
+        tokio::spawn(async move { c.lock_within(&res, HOLD, PATIENCE).await })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let released = Instant::now();
+    assert_eq!(a.unlock(&held).await.unwrap(), 5);
+    let next = waiting.await.unwrap().expect("woken by the release");
+    let took = released.elapsed();
+    println!("a lock user's waiter took it {took:?} after the release");
+    assert!(took < WOKEN, "not woken by the release: {took:?}");
+    let next = c.extend(&next, HOLD).await.unwrap();
+    assert_eq!(c.fencing_token(&next).await.unwrap(), 1);
+    assert_eq!(c.unlock(&next).await.unwrap(), 5);
+    let mut denials = Vec::new();
+    for cluster in clusters.iter() {
+        for m in 0..cluster.masters() {
+            let log: Vec<redis::Value> = redis::cmd("ACL")
+                .arg("LOG")
+                .query(&mut cluster.master_conn(m))
+                .unwrap();
+            denials.extend(log.into_iter().map(|entry| format!("{entry:?}")));
+        }
+    }
+    assert!(denials.is_empty(), "denials: {denials:#?}");
+}
