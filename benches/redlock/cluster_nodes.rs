@@ -10,7 +10,9 @@
 //!   master's `INFO commandstats` calls read before and after every slice
 //!   (differences, no `CONFIG RESETSTAT`);
 //! - 10c: the latency of one uncontended `try_lock` (its unlock untimed),
-//!   the subjects interleaved cycle by cycle.
+//!   the subjects interleaved cycle by cycle;
+//! - 10d: cycles a second when every server has the same CPU budget
+//!   ([`crate::cluster_budget`]).
 //!
 //! Every manager has the default settings but `retry_count(0)`, as ours in
 //! scenario 5. The clusters are started here (`redlock_harness::shards`),
@@ -38,6 +40,9 @@ struct Way {
     label: String,
     /// Masters per node (1 for a standalone node).
     masters: usize,
+    /// The node URLs, and those of every master of every node.
+    urls: Vec<String>,
+    master_urls: Vec<String>,
     redlock: Redlock,
     /// A plain connection to every master of every node, for the statistics.
     stats: Nodes,
@@ -61,6 +66,8 @@ impl Way {
         Way {
             label,
             masters,
+            urls: urls.to_vec(),
+            master_urls: master_urls.to_vec(),
             redlock,
             stats: Nodes::connect(master_urls).await,
         }
@@ -162,6 +169,16 @@ pub(crate) async fn scenario_cluster_nodes(env: &Env, report: &mut Report) {
     }
     throughput(env, &ways, report).await;
     latency(env, &ways, report).await;
+    let subjects: Vec<crate::cluster_budget::Subject<'_>> = ways
+        .iter()
+        .map(|w| crate::cluster_budget::Subject {
+            label: &w.label,
+            masters: w.masters,
+            urls: &w.urls,
+            servers: &w.master_urls,
+        })
+        .collect();
+    crate::cluster_budget::scenario(&subjects, env.quick, report).await;
     drop(ways);
     drop(clusters);
     report.note(&format!(

@@ -39,6 +39,7 @@
 //!   feature; the bench starts the clusters itself).
 
 mod chart;
+mod cluster_budget;
 mod cluster_nodes;
 mod contend;
 mod cost;

@@ -1,0 +1,1240 @@
+//! An audit of event-driven waiting on cluster nodes (feature `cluster`,
+//! sharded pub/sub since a6d56e3) on its worst days, on real clusters of
+//! real servers started by the harness on loopback: slot masters paused
+//! mid-wait, killed and replaced, replaced while silent; a thousand
+//! waiters over every master; a slot migrating while many wait, and back;
+//! churn of waiters that come and go on the same keys; managers and
+//! runtimes that go away while waiters wait; an ACL that denies sharded
+//! channels; Redis 6.2 (no sharded pub/sub) and Valkey 9.1.
+//!
+//! Every waiter here has a timed retry far longer than the test's bounds
+//! (`retry_delay` 30 s) and every holder a ttl longer still, so a waiter
+//! that was not woken by the release shows up as a wait of tens of
+//! seconds, not as a timed retry that hides it.
+//!
+//! The tests that need a given server say so in their `ignore` reason and
+//! check the version they run on.
+#![cfg(feature = "cluster")]
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use redlock_harness::resource;
+use redlock_harness::shards::{RedisCluster, RedisClusters};
+use redlock_quorum::Redlock;
+
+/// Far longer than any waiter's patience.
+const HOLD: Duration = Duration::from_secs(60);
+/// A waiter's patience.
+const PATIENCE: Duration = Duration::from_secs(20);
+/// How soon after the release a woken waiter must hold the lock: far under
+/// the timed retry, with room for a loaded 2-core machine.
+const WOKEN: Duration = Duration::from_secs(3);
+/// The waiters' timed retry: longer than any bound here.
+const RETRY: Duration = Duration::from_secs(30);
+
+/// A manager whose timed retry comes after every bound of these tests.
+fn manager(urls: &[String]) -> Redlock {
+    Redlock::builder(urls.iter().map(String::as_str))
+        .node_timeout(Duration::from_millis(500))
+        .retry_delay(RETRY)
+        .retry_jitter(Duration::from_millis(1))
+        .build()
+        .unwrap()
+}
+
+/// A manager that polls every `delay` (for the fallback tests).
+fn polling_manager(urls: &[String], delay: Duration) -> Redlock {
+    Redlock::builder(urls.iter().map(String::as_str))
+        .node_timeout(Duration::from_millis(500))
+        .retry_delay(delay)
+        .retry_jitter(Duration::from_millis(1))
+        .build()
+        .unwrap()
+}
+
+/// Runs blocking harness work (cluster commands, `settle` loops) without
+/// stalling the runtime's other worker.
+fn blocking<T>(f: impl FnOnce() -> T) -> T {
+    tokio::task::block_in_place(f)
+}
+
+/// `(major, text)` of the server the harness starts (`REDIS_SERVER`).
+fn server_version() -> (u32, String) {
+    let bin = std::env::var("REDIS_SERVER").unwrap_or_else(|_| "redis-server".to_owned());
+    let out = std::process::Command::new(&bin)
+        .arg("--version")
+        .output()
+        .expect("the server runs");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let major = text
+        .split_once("v=")
+        .and_then(|(_, v)| v.split('.').next())
+        .and_then(|m| m.parse().ok())
+        .unwrap_or(0);
+    (major, text)
+}
+
+/// A field of `INFO <section>` on master `m` of `cluster`.
+fn info_u64(cluster: &RedisCluster, m: usize, section: &str, field: &str) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg(section)
+        .query(&mut cluster.master_conn(m))
+        .unwrap();
+    info.lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// Connections every master of every cluster accepted so far
+/// (`total_connections_received`): a new subscription session of a
+/// manager opens one to each master of its cluster.
+fn connections_received(clusters: &RedisClusters) -> u64 {
+    let mut total = 0;
+    for cluster in clusters.iter() {
+        for m in 0..cluster.masters() {
+            total += info_u64(cluster, m, "stats", "total_connections_received");
+        }
+    }
+    // Our own INFO connections count too: one per master per call.
+    total
+}
+
+/// The client connections open on each master (cluster by cluster),
+/// without replicas and without the connection that asks.
+fn clients(clusters: &RedisClusters) -> Vec<Vec<usize>> {
+    clusters
+        .iter()
+        .map(|cluster| {
+            (0..cluster.masters())
+                .map(|m| {
+                    let list: String = redis::cmd("CLIENT")
+                        .arg("LIST")
+                        .query(&mut cluster.master_conn(m))
+                        .unwrap();
+                    list.lines()
+                        .filter(|l| !l.trim().is_empty())
+                        .filter(|l| !l.contains(" flags=S "))
+                        .count()
+                        - 1
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// Sharded channels subscribed on the masters of every cluster, summed
+/// (`PUBSUB SHARDCHANNELS`: each master lists those of its own slots).
+fn shard_channels(clusters: &RedisClusters) -> usize {
+    let mut total = 0;
+    for cluster in clusters.iter() {
+        for m in 0..cluster.masters() {
+            let channels: Vec<Vec<u8>> = redis::cmd("PUBSUB")
+                .arg("SHARDCHANNELS")
+                .query(&mut cluster.master_conn(m))
+                .unwrap();
+            total += channels.len();
+        }
+    }
+    total
+}
+
+/// `used_memory` of every master, summed.
+fn used_memory(clusters: &RedisClusters) -> u64 {
+    let mut total = 0;
+    for cluster in clusters.iter() {
+        for m in 0..cluster.masters() {
+            total += info_u64(cluster, m, "memory", "used_memory");
+        }
+    }
+    total
+}
+
+/// `calls` of `command` in `INFO commandstats`, summed over the masters.
+fn calls(clusters: &RedisClusters, command: &str) -> u64 {
+    let field = format!("cmdstat_{command}:calls=");
+    let mut total = 0;
+    for cluster in clusters.iter() {
+        for m in 0..cluster.masters() {
+            let info: String = redis::cmd("INFO")
+                .arg("commandstats")
+                .query(&mut cluster.master_conn(m))
+                .unwrap();
+            total += info
+                .lines()
+                .filter_map(|l| l.strip_prefix(field.as_str()))
+                .filter_map(|rest| rest.split(',').next()?.parse::<u64>().ok())
+                .sum::<u64>();
+        }
+    }
+    total
+}
+
+/// Lock keys (no byte 0xFF) left on any master.
+fn lock_keys(clusters: &RedisClusters) -> Vec<String> {
+    let mut left = Vec::new();
+    for cluster in clusters.iter() {
+        for key in cluster.keys_everywhere() {
+            if !key.contains(&0xFF) {
+                left.push(String::from_utf8_lossy(&key).into_owned());
+            }
+        }
+    }
+    left
+}
+
+/// The crate's own keys left (waiting hashes, hand-off markers), with
+/// their `PTTL` (-1: no expiry), as `(name, pttl)`.
+fn crate_keys(clusters: &RedisClusters) -> Vec<(String, i64)> {
+    let mut left = Vec::new();
+    for cluster in clusters.iter() {
+        for m in 0..cluster.masters() {
+            let mut conn = cluster.master_conn(m);
+            let keys: Vec<Vec<u8>> = redis::cmd("KEYS").arg("*").query(&mut conn).unwrap();
+            for key in keys.into_iter().filter(|k| k.contains(&0xFF)) {
+                let pttl: i64 = redis::cmd("PTTL").arg(&key).query(&mut conn).unwrap();
+                left.push((String::from_utf8_lossy(&key).into_owned(), pttl));
+            }
+        }
+    }
+    left
+}
+
+/// Waits (at most `within`) until no lock key is left and every key of
+/// the waiting protocol left expires; then, at most `lease_within` more,
+/// until no waiting hash is left. Panics with what is left.
+async fn nothing_left(clusters: &RedisClusters, managers: &[&Redlock]) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while managers.iter().any(|m| m.pending_releases() > 0) && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let locks = blocking(|| lock_keys(clusters));
+    assert!(locks.is_empty(), "lock keys left: {locks:?}");
+    let own = blocking(|| crate_keys(clusters));
+    let persistent: Vec<_> = own.iter().filter(|(_, t)| *t < 0).collect();
+    assert!(
+        persistent.is_empty(),
+        "keys of the waiting protocol without expiry: {persistent:?}"
+    );
+    // Registrations have a 6 s lease; the last waiter's removal deletes
+    // the hash at once.
+    let deadline = Instant::now() + Duration::from_secs(8);
+    loop {
+        let own = blocking(|| crate_keys(clusters));
+        let hashes: Vec<_> = own.iter().filter(|(k, _)| k.ends_with("waiters")).collect();
+        if hashes.is_empty() {
+            let markers = own.iter().filter(|(k, _)| k.ends_with("handoff")).count();
+            println!("left: no waiting hash; {markers} hand-off markers (30 s expiry)");
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "waiting hashes outlived their lease: {hashes:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// What one waiter saw: when it got the lock, and when it began to
+/// release it.
+#[derive(Debug, Clone, Copy)]
+struct Turn {
+    got: Instant,
+    released: Instant,
+}
+
+/// A waiter on `res`: waits (patience `within`), holds `hold`, releases.
+fn waiter(
+    m: &Redlock,
+    res: &str,
+    within: Duration,
+    hold: Duration,
+) -> tokio::task::JoinHandle<Result<Turn, redlock_quorum::Error>> {
+    let (m, res) = (m.clone(), res.to_owned());
+    tokio::spawn(async move {
+        let lock = m.lock_within(&res, HOLD, within).await?;
+        let got = Instant::now();
+        tokio::time::sleep(hold).await;
+        // When the release starts: the next holder may have the lock
+        // before this call returns.
+        let released = Instant::now();
+        m.unlock(&lock).await?;
+        Ok(Turn { got, released })
+    })
+}
+
+/// The hand-off delays of one key's waiters whose first release was at
+/// `first`: each waiter's `got` after the release before it.
+fn handoffs(first: Instant, mut turns: Vec<Turn>) -> Vec<Duration> {
+    turns.sort_by_key(|t| t.got);
+    let mut before = first;
+    let mut out = Vec::new();
+    for t in turns {
+        out.push(t.got.saturating_duration_since(before));
+        before = t.released;
+    }
+    out
+}
+
+/// Collects waiters' turns; panics on a waiter that failed.
+async fn turns(
+    waiting: Vec<tokio::task::JoinHandle<Result<Turn, redlock_quorum::Error>>>,
+) -> Vec<Turn> {
+    let mut out = Vec::new();
+    for w in waiting {
+        out.push(w.await.unwrap().expect("a waiter got the lock"));
+    }
+    out
+}
+
+/// Lets the managers' links subscribe (and register) what their waiters
+/// wait for.
+async fn settle_waiters() {
+    tokio::time::sleep(Duration::from_millis(700)).await;
+}
+
+// ---------------------------------------------------------------------
+// Scenario 1: slot masters paused, killed, replaced.
+// ---------------------------------------------------------------------
+
+/// The master that owns the resource's slot is paused (SIGSTOP) for five
+/// seconds on two of five clusters (both go `CLUSTERDOWN`), then resumed;
+/// the release right after wakes the waiters (two in one manager, one in
+/// another) within the bound, and every hand-off after it too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn paused_masters_on_two_clusters_then_resumed_the_release_wakes() {
+    let mut clusters = RedisClusters::start(5, 3, 0);
+    let urls = clusters.urls();
+    let (a, b, c) = (manager(&urls), manager(&urls), manager(&urls));
+    let res = resource("audit-pause");
+    let held = a.lock(&res, HOLD).await.unwrap();
+    let hold = Duration::from_millis(100);
+    let waiting = vec![
+        waiter(&b, &res, PATIENCE, hold),
+        waiter(&b, &res, PATIENCE, hold),
+        waiter(&c, &res, PATIENCE, hold),
+    ];
+    settle_waiters().await;
+    let paused: Vec<usize> = (0..2)
+        .map(|i| {
+            let m = blocking(|| clusters[i].master_of(res.as_bytes()));
+            clusters[i].pause_master(m);
+            m
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    for (i, m) in paused.iter().enumerate() {
+        clusters[i].resume_master(*m);
+    }
+    blocking(|| (0..2).for_each(|i| clusters[i].wait_ok()));
+    let released = Instant::now();
+    let n = a.unlock(&held).await.unwrap();
+    let delays = handoffs(released, turns(waiting).await);
+    println!("released on {n}; hand-offs {delays:?}");
+    assert!(
+        delays.iter().all(|d| *d < WOKEN),
+        "a waiter not woken by the release: {delays:?}"
+    );
+    nothing_left(&clusters, &[&a, &b, &c]).await;
+}
+
+/// The same pause, and the release comes while the two masters are still
+/// paused: the three other clusters' messages wake the waiters, and each
+/// waiter takes the lock on those three.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_while_two_masters_are_paused_wakes_the_waiters() {
+    let mut clusters = RedisClusters::start(5, 3, 0);
+    let urls = clusters.urls();
+    let (a, b, c) = (manager(&urls), manager(&urls), manager(&urls));
+    let res = resource("audit-pause-release");
+    let held = a.lock(&res, HOLD).await.unwrap();
+    let hold = Duration::from_millis(100);
+    let waiting = vec![
+        waiter(&b, &res, PATIENCE, hold),
+        waiter(&b, &res, PATIENCE, hold),
+        waiter(&c, &res, PATIENCE, hold),
+    ];
+    settle_waiters().await;
+    let paused: Vec<usize> = (0..2)
+        .map(|i| {
+            let m = blocking(|| clusters[i].master_of(res.as_bytes()));
+            clusters[i].pause_master(m);
+            m
+        })
+        .collect();
+    // Past the cluster node timeout: both clusters are down.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let released = Instant::now();
+    let n = a.unlock(&held).await.unwrap();
+    let delays = handoffs(released, turns(waiting).await);
+    println!("released on {n} while paused; hand-offs {delays:?}");
+    assert!(
+        delays.iter().all(|d| *d < WOKEN),
+        "a waiter not woken by the release: {delays:?}"
+    );
+    for (i, m) in paused.iter().enumerate() {
+        clusters[i].resume_master(*m);
+    }
+    blocking(|| (0..2).for_each(|i| clusters[i].wait_ok()));
+    nothing_left(&clusters, &[&a, &b, &c]).await;
+}
+
+/// The slot master is killed (SIGKILL) on two of five clusters and its
+/// replica takes over; the release afterwards wakes the waiters.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_masters_replaced_then_the_release_wakes() {
+    let mut clusters = RedisClusters::start(5, 2, 1);
+    let urls = clusters.urls();
+    let (a, b, c) = (manager(&urls), manager(&urls), manager(&urls));
+    let res = resource("audit-kill");
+    let held = a.lock(&res, HOLD).await.unwrap();
+    let hold = Duration::from_millis(100);
+    let waiting = vec![
+        waiter(&b, &res, PATIENCE, hold),
+        waiter(&b, &res, PATIENCE, hold),
+        waiter(&c, &res, PATIENCE, hold),
+    ];
+    settle_waiters().await;
+    for i in 0..2 {
+        let m = blocking(|| clusters[i].master_of(res.as_bytes()));
+        clusters[i].kill_master(m);
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        blocking(|| clusters[i].failover(m));
+    }
+    // The links made new sessions on the promoted masters (backoff at
+    // most 1 s).
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let released = Instant::now();
+    let n = a.unlock(&held).await.unwrap();
+    let delays = handoffs(released, turns(waiting).await);
+    println!("released on {n} after the failovers; hand-offs {delays:?}");
+    assert!(
+        delays.iter().all(|d| *d < WOKEN),
+        "a waiter not woken by the release: {delays:?}"
+    );
+    nothing_left(&clusters, &[&a, &b, &c]).await;
+}
+
+/// The slot master goes silent (SIGSTOP: a hung host, or a partition that
+/// drops packets) on three of five clusters and its replica takes over
+/// there while it stays silent; on the two others the slot master dies
+/// (no replica takes over: those clusters are down). The release reaches
+/// a quorum (the three promoted masters), and the waiters' links, which
+/// still believe they are subscribed on those three clusters, must hear
+/// it. Their subscriptions are still on the silent old masters: nothing
+/// ends those sessions (no `Disconnection`, no `SUNSUBSCRIBE`), so the
+/// release is not heard, and a waiter that counts three subscribed nodes
+/// as a quorum sleeps on notifications alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "audit finding: fails (silent replaced master keeps the link's session); see report"]
+async fn a_silent_master_replaced_keeps_a_stale_subscription() {
+    let mut clusters = RedisClusters::start(5, 2, 1);
+    let urls = clusters.urls();
+    let (a, b) = (manager(&urls), manager(&urls));
+    let res = resource("audit-silent");
+    let held = a.lock(&res, HOLD).await.unwrap();
+    let hold = Duration::from_millis(100);
+    let within = Duration::from_secs(15);
+    let waiting = vec![
+        waiter(&b, &res, within, hold),
+        waiter(&b, &res, within, hold),
+    ];
+    settle_waiters().await;
+    for i in 0..3 {
+        let m = blocking(|| clusters[i].master_of(res.as_bytes()));
+        clusters[i].pause_master(m);
+        blocking(|| clusters[i].failover(m));
+    }
+    for i in 3..5 {
+        let m = blocking(|| clusters[i].master_of(res.as_bytes()));
+        clusters[i].kill_master(m);
+    }
+    // The request connections of both managers go on to the promoted
+    // masters after two timeouts (`Node::timed_out`): made here, so that
+    // only the subscriptions are under test.
+    for _ in 0..3 {
+        let _ = a.verify(&held).await;
+        let _ = b.try_lock(&resource("audit-silent-warm"), HOLD).await;
+    }
+    assert!(a.verify(&held).await.unwrap(), "the holder still holds it");
+    let released = Instant::now();
+    let n = a.unlock(&held).await.unwrap();
+    println!("released on {n}");
+    let mut results = Vec::new();
+    for w in waiting {
+        results.push(w.await.unwrap());
+    }
+    let took: Vec<_> = results
+        .iter()
+        .map(|r| r.as_ref().map(|t| t.got - released))
+        .collect();
+    println!("waiters after the release: {took:?}");
+    assert!(
+        took.iter().all(|t| t.as_ref().is_ok_and(|d| *d < WOKEN)),
+        "the release was not heard: {took:?}"
+    );
+}
+
+// ---------------------------------------------------------------------
+// Scenario 2: many waiters over every master.
+// ---------------------------------------------------------------------
+
+/// How long subscribing `keys` keys' channels took, and the figures of one
+/// run of [`many_waiters`].
+async fn many_waiters(keys: usize, per_key: usize) {
+    let clusters = RedisClusters::start(5, 3, 0);
+    let urls = clusters.urls();
+    let holder = manager(&urls);
+    let names: Vec<String> = (0..keys)
+        .map(|i| resource(&format!("audit-many-{i}")))
+        .collect();
+    let masters_hit: std::collections::HashSet<usize> = names
+        .iter()
+        .map(|k| blocking(|| clusters[0].master_of(k.as_bytes())))
+        .collect();
+    assert_eq!(masters_hit.len(), 3, "the keys are on every master");
+    let mut held = Vec::new();
+    for k in &names {
+        held.push(holder.lock(k, HOLD).await.unwrap());
+    }
+    let w = manager(&urls);
+    // The waiting manager's connections before it waits (its request
+    // connection is made by a first call).
+    let _ = w.try_lock(&resource("audit-many-warm"), HOLD).await;
+    let before = blocking(|| clients(&clusters));
+    let mem_before = blocking(|| used_memory(&clusters));
+    let conns_before = blocking(|| connections_received(&clusters));
+    let start = Instant::now();
+    let mut waiting: Vec<(usize, _)> = Vec::new();
+    for (i, k) in names.iter().enumerate() {
+        for _ in 0..per_key {
+            waiting.push((
+                i,
+                waiter(&w, k, Duration::from_secs(40), Duration::from_millis(5)),
+            ));
+        }
+    }
+    // Every key's channel and the manager's own channel for it, on every
+    // cluster.
+    let want = 2 * keys * clusters.len();
+    let subscribed_in = loop {
+        let now = blocking(|| shard_channels(&clusters));
+        if now >= want {
+            break start.elapsed();
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "only {now} of {want} channels subscribed after 20 s"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let during = blocking(|| clients(&clusters));
+    let mem_during = blocking(|| used_memory(&clusters));
+    println!(
+        "{} waiters on {keys} keys: {want} channels subscribed in {subscribed_in:?}; \
+         clients per master before {before:?}, while waiting {during:?}; \
+         memory of the masters +{} KiB",
+        keys * per_key,
+        mem_during.saturating_sub(mem_before) / 1024
+    );
+    for (c, (b, d)) in before.iter().zip(&during).enumerate() {
+        for (m, (b, d)) in b.iter().zip(d).enumerate() {
+            assert!(
+                *d <= *b + 1,
+                "cluster {c} master {m}: {b} clients before, {d} while waiting"
+            );
+        }
+    }
+    let released = Instant::now();
+    let releases = futures::future::join_all(held.iter().map(|l| holder.unlock(l))).await;
+    assert!(releases.iter().all(|r| r.is_ok()), "{releases:?}");
+    let mut by_key: HashMap<usize, Vec<Turn>> = HashMap::new();
+    let mut failed = 0;
+    for (i, w) in waiting {
+        match w.await.unwrap() {
+            Ok(t) => by_key.entry(i).or_default().push(t),
+            Err(e) => {
+                failed += 1;
+                eprintln!("key {i}: {e}");
+            }
+        }
+    }
+    let all = released.elapsed();
+    let mut delays: Vec<Duration> = by_key
+        .into_values()
+        .flat_map(|t| handoffs(released, t))
+        .collect();
+    delays.sort();
+    let p = |q: f64| delays[((delays.len() - 1) as f64 * q) as usize];
+    let conns = blocking(|| connections_received(&clusters)) - conns_before;
+    println!(
+        "all served in {all:?}; hand-offs p50 {:?} p99 {:?} max {:?}; \
+         {failed} failed; connections accepted meanwhile {conns}",
+        p(0.5),
+        p(0.99),
+        p(1.0)
+    );
+    assert_eq!(failed, 0, "waiters failed");
+    assert!(
+        p(1.0) < Duration::from_secs(10),
+        "a hand-off took {:?}: a lost wake-up",
+        p(1.0)
+    );
+    // Every channel unsubscribed, connections back.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let left = blocking(|| shard_channels(&clusters));
+        if left == 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{left} channels still subscribed"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let after = blocking(|| clients(&clusters));
+    println!("clients per master after {after:?}");
+    for (c, (b, a)) in before.iter().zip(&after).enumerate() {
+        for (m, (b, a)) in b.iter().zip(a).enumerate() {
+            assert!(
+                *a <= *b + 1,
+                "cluster {c} master {m}: {b} clients before, {a} after"
+            );
+        }
+    }
+    nothing_left(&clusters, &[&holder, &w]).await;
+}
+
+/// 1,000 waiters in one manager on 128 keys over every master of five
+/// clusters (8 per key, chained), each key released once by its holder.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_waiters_on_128_keys_are_all_served_by_releases() {
+    many_waiters(128, 8).await;
+}
+
+/// 4,000 waiters on 2,000 keys: the subscriptions of one session are
+/// 4,000 `SSUBSCRIBE`s per cluster, one slot at a time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "slow audit: 4,000 waiters on 2,000 keys (about a minute)"]
+async fn four_thousand_waiters_on_2000_keys() {
+    many_waiters(2000, 2).await;
+}
+
+// ---------------------------------------------------------------------
+// Scenario 3: slot migration while many wait.
+// ---------------------------------------------------------------------
+
+/// Keys of one slot (a common hash tag), held; `per_key` waiters on each in
+/// one manager. The slot's migration begins on every cluster and its keys
+/// (the locks, the waiting hashes) move to the target; a release while
+/// the migration is open must wake its waiters (the source still serves
+/// the slot's sharded channels until `SETSLOT NODE`, but the release runs
+/// on the target, through `ASK`). Then the migration finishes, the rest
+/// is released, and the slot migrates back the same way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "audit finding: fails (a release on the importing master is not heard); see report"]
+async fn a_release_while_the_slot_migrates_wakes_its_waiters() {
+    migration_round_trip(true).await;
+}
+
+/// As above, but the releases come only after each migration finished
+/// (and between begin and the keys' move): the part of scenario 3 that
+/// works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_waiters_follow_their_slot_there_and_back() {
+    migration_round_trip(false).await;
+}
+
+async fn migration_round_trip(release_mid_migration: bool) {
+    let clusters = RedisClusters::start(5, 3, 0);
+    let urls = clusters.urls();
+    let holder = manager(&urls);
+    let w = manager(&urls);
+    let tag = format!("{{{}}}", resource("audit-mig"));
+    let names: Vec<String> = (0..10).map(|i| format!("{tag}:k{i}")).collect();
+    let slot = RedisCluster::slot(names[0].as_bytes());
+    assert!(
+        names
+            .iter()
+            .all(|k| RedisCluster::slot(k.as_bytes()) == slot)
+    );
+    let per_key = 20;
+    let mut failures = Vec::new();
+    for (round, pass) in ["there", "back"].into_iter().enumerate() {
+        let mut held = Vec::new();
+        for k in &names {
+            held.push(holder.lock(k, HOLD).await.unwrap());
+        }
+        let mut waiting: Vec<Vec<_>> = names
+            .iter()
+            .map(|k| {
+                (0..per_key)
+                    .map(|_| waiter(&w, k, Duration::from_secs(35), Duration::from_millis(5)))
+                    .collect()
+            })
+            .collect();
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let sources: Vec<usize> = blocking(|| {
+            clusters
+                .iter()
+                .map(|c| c.master_of(names[0].as_bytes()))
+                .collect()
+        });
+        let migrations: Vec<_> = clusters
+            .iter()
+            .zip(&sources)
+            .map(|(c, from)| c.begin_migration(names[0].as_bytes(), (from + 1) % 3))
+            .collect();
+        // Key 0 released between begin and the keys' move.
+        let first = Instant::now();
+        holder.unlock(&held[0]).await.unwrap();
+        let turns0 = turns(std::mem::take(&mut waiting[0])).await;
+        let d0 = handoffs(first, turns0);
+        println!("{pass}: key 0 released after begin, before the move: {d0:?}");
+        if d0.iter().any(|d| *d >= WOKEN) {
+            failures.push(format!("{pass}: before the move {d0:?}"));
+        }
+        let moved: usize = blocking(|| migrations.iter().map(|m| m.move_keys()).sum());
+        println!("{pass}: {moved} keys moved to the importing masters");
+        let mut mid = Vec::new();
+        if release_mid_migration {
+            // Key 1 released while the slot is half-way: its keys on the
+            // target, the channels still on the source.
+            let at = Instant::now();
+            holder.unlock(&held[1]).await.unwrap();
+            let wait = std::mem::take(&mut waiting[1]);
+            // Held open 8 s, then finished: a waiter woken only by the
+            // end of the migration shows a delay of about 8 s.
+            let finish_at = at + Duration::from_secs(8);
+            let joined = tokio::spawn(async move { turns(wait).await });
+            tokio::time::sleep_until(finish_at.into()).await;
+            blocking(|| migrations.into_iter().for_each(|m| m.finish()));
+            let d1 = handoffs(at, joined.await.unwrap());
+            println!("{pass}: key 1 released mid-migration: {d1:?}");
+            if d1.iter().any(|d| *d >= WOKEN) {
+                failures.push(format!("{pass}: mid-migration {d1:?}"));
+            }
+            mid.push(1);
+        } else {
+            blocking(|| migrations.into_iter().for_each(|m| m.finish()));
+        }
+        let owners: Vec<usize> = blocking(|| {
+            clusters
+                .iter()
+                .map(|c| c.master_of(names[0].as_bytes()))
+                .collect()
+        });
+        assert!(
+            owners.iter().zip(&sources).all(|(o, s)| o != s),
+            "moved: {owners:?} from {sources:?}"
+        );
+        // The links made new sessions (`SUNSUBSCRIBE` from the source).
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let at = Instant::now();
+        let rest: Vec<usize> = (1..names.len()).filter(|i| !mid.contains(i)).collect();
+        for &i in &rest {
+            holder.unlock(&held[i]).await.unwrap();
+        }
+        let mut worst = Duration::ZERO;
+        for &i in &rest {
+            let d = handoffs(at, turns(std::mem::take(&mut waiting[i])).await);
+            worst = worst.max(d.iter().copied().max().unwrap_or_default());
+            if d.iter().any(|d| *d >= WOKEN * 2) {
+                failures.push(format!("{pass}: after the move, key {i}: {d:?}"));
+            }
+        }
+        println!("{pass} (round {round}): after the migration, worst hand-off {worst:?}");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while (holder.pending_releases() > 0 || w.pending_releases() > 0)
+            && Instant::now() < deadline
+        {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+    nothing_left(&clusters, &[&holder, &w]).await;
+}
+
+// ---------------------------------------------------------------------
+// Scenario 4: Redis 6.2 and Valkey 9.1.
+// ---------------------------------------------------------------------
+
+/// On Redis 6.2 clusters (no sharded pub/sub) waiters fall back to the
+/// timed retry: a waiter takes the lock within about one `retry_delay`
+/// after the release, releases succeed on every cluster (the unlock
+/// script's `PUBSUB SHARDNUMSUB` and `SPUBLISH` fail inside `pcall`), and
+/// the links do not reconnect in a loop.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs REDIS_SERVER=\"$(scripts/redis62-server.sh)\""]
+async fn on_redis_6_2_waiters_fall_back_to_the_timed_retry() {
+    let (major, text) = server_version();
+    assert_eq!(major, 6, "run with a Redis 6.2 server: {text}");
+    let clusters = RedisClusters::start(5, 3, 0);
+    let urls = clusters.urls();
+    let delay = Duration::from_millis(300);
+    let (a, b, c) = (
+        polling_manager(&urls, delay),
+        polling_manager(&urls, delay),
+        polling_manager(&urls, delay),
+    );
+    let mut worst = Duration::ZERO;
+    for round in 0..5 {
+        let res = resource(&format!("audit-62-{round}"));
+        let held = a.lock(&res, HOLD).await.unwrap();
+        let waiting = vec![
+            waiter(&b, &res, PATIENCE, Duration::from_millis(20)),
+            waiter(&b, &res, PATIENCE, Duration::from_millis(20)),
+            waiter(&c, &res, PATIENCE, Duration::from_millis(20)),
+        ];
+        settle_waiters().await;
+        let conns = blocking(|| connections_received(&clusters));
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let churn = blocking(|| connections_received(&clusters)) - conns;
+        let released = Instant::now();
+        assert_eq!(a.unlock(&held).await.unwrap(), 5, "released everywhere");
+        let delays = handoffs(released, turns(waiting).await);
+        println!("round {round}: hand-offs {delays:?}; connections in 2 s of waiting: {churn}");
+        worst = worst.max(delays.iter().copied().max().unwrap());
+        // A link denied its subscription waits 30 s before it tries again:
+        // 2 s of waiting open (almost) no connection (each INFO above
+        // opens one per master: 15).
+        assert!(churn <= 15 + 6, "the links reconnect in a loop: {churn}");
+    }
+    // Not woken by releases (none is heard), the waiters poll: the last
+    // waiter of a key may wait a whole pause per hand-off before it.
+    assert!(worst < Duration::from_secs(2), "worst hand-off {worst:?}");
+    nothing_left(&clusters, &[&a, &b, &c]).await;
+}
+
+/// On Valkey 9.1 clusters, waiters are woken by the release (sharded
+/// pub/sub), with three managers taking turns.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs REDIS_SERVER=\"$(scripts/valkey-server.sh)\""]
+async fn on_valkey_9_waiters_are_woken_by_the_release() {
+    let (major, text) = server_version();
+    assert!(
+        major >= 8 && text.to_lowercase().contains("valkey"),
+        "run with a Valkey server: {text}"
+    );
+    let clusters = RedisClusters::start(5, 3, 0);
+    let urls = clusters.urls();
+    let (a, b, c) = (manager(&urls), manager(&urls), manager(&urls));
+    for round in 0..5 {
+        let res = resource(&format!("audit-valkey-{round}"));
+        let held = a.lock(&res, HOLD).await.unwrap();
+        let waiting = vec![
+            waiter(&b, &res, PATIENCE, Duration::from_millis(20)),
+            waiter(&b, &res, PATIENCE, Duration::from_millis(20)),
+            waiter(&c, &res, PATIENCE, Duration::from_millis(20)),
+        ];
+        settle_waiters().await;
+        let released = Instant::now();
+        assert_eq!(a.unlock(&held).await.unwrap(), 5);
+        let delays = handoffs(released, turns(waiting).await);
+        println!("round {round}: hand-offs {delays:?}");
+        assert!(delays.iter().all(|d| *d < WOKEN), "{delays:?}");
+    }
+    let spublish = blocking(|| calls(&clusters, "spublish"));
+    println!("SPUBLISH calls {spublish}");
+    assert!(spublish > 0);
+    nothing_left(&clusters, &[&a, &b, &c]).await;
+}
+
+// ---------------------------------------------------------------------
+// Scenario 5: managers and runtimes that go away.
+// ---------------------------------------------------------------------
+
+/// A manager dropped while 50 of its waiters wait (their tasks aborted):
+/// its subscription connections close and every master is back to the
+/// connections it had before the manager existed (the holder's aside).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_manager_closes_its_subscription_connections() {
+    let clusters = RedisClusters::start(5, 3, 0);
+    let urls = clusters.urls();
+    let holder = manager(&urls);
+    let names: Vec<String> = (0..10)
+        .map(|i| resource(&format!("audit-drop-{i}")))
+        .collect();
+    let mut held = Vec::new();
+    for k in &names {
+        held.push(holder.lock(k, HOLD).await.unwrap());
+    }
+    let baseline = blocking(|| clients(&clusters));
+    let w = manager(&urls);
+    let mut waiting = Vec::new();
+    for k in &names {
+        for _ in 0..5 {
+            waiting.push(waiter(&w, k, PATIENCE, Duration::ZERO));
+        }
+    }
+    let want = 2 * names.len() * clusters.len();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while blocking(|| shard_channels(&clusters)) < want {
+        assert!(Instant::now() < deadline, "not subscribed");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let during = blocking(|| clients(&clusters));
+    println!("clients per master: before {baseline:?}, while waiting {during:?}");
+    for w in &waiting {
+        w.abort();
+    }
+    for w in waiting {
+        let _ = w.await;
+    }
+    drop(w);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let after = loop {
+        let now = blocking(|| clients(&clusters));
+        let channels = blocking(|| shard_channels(&clusters));
+        if now == baseline && channels == 0 {
+            break now;
+        }
+        if Instant::now() > deadline {
+            break now;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let channels = blocking(|| shard_channels(&clusters));
+    println!("after the drop: {after:?}, {channels} channels");
+    assert_eq!(
+        after, baseline,
+        "connections left behind by the dropped manager"
+    );
+    assert_eq!(channels, 0, "subscriptions left behind");
+    for l in &held {
+        holder.unlock(l).await.unwrap();
+    }
+    nothing_left(&clusters, &[&holder]).await;
+}
+
+/// A manager made outside any runtime is used by a runtime whose waiters
+/// are mid-wait when it shuts down, then by a second runtime: the second
+/// runtime's waiter is woken by the release (the link is made again
+/// there), and when the manager is dropped every master is back to its
+/// baseline.
+#[test]
+fn a_manager_outlives_a_runtime_shut_down_mid_wait() {
+    let clusters = RedisClusters::start(5, 3, 0);
+    let urls = clusters.urls();
+    let holder = manager(&urls);
+    let w = manager(&urls);
+    let res = resource("audit-runtimes");
+    let rt = |threads| {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(threads)
+            .enable_all()
+            .build()
+            .unwrap()
+    };
+    let main = rt(1);
+    let held = main.block_on(holder.lock(&res, HOLD)).unwrap();
+    let baseline = clients(&clusters);
+    {
+        let first = rt(2);
+        let handles: Vec<_> = (0..3)
+            .map(|_| {
+                let (w, res) = (w.clone(), res.clone());
+                first.spawn(async move { w.lock_within(&res, HOLD, PATIENCE).await })
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(1000));
+        assert_eq!(
+            shard_channels(&clusters),
+            2 * 5,
+            "the first runtime subscribed"
+        );
+        first.shutdown_timeout(Duration::from_secs(1));
+        drop(handles);
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let channels = shard_channels(&clusters);
+    println!("after the first runtime shut down: {channels} channels");
+    assert_eq!(channels, 0, "a dead runtime's subscriptions stay");
+    let second = rt(2);
+    let took = second.block_on(async {
+        let waiting = {
+            let (w, res) = (w.clone(), res.clone());
+            tokio::spawn(async move { w.lock_within(&res, HOLD, PATIENCE).await })
+        };
+        tokio::time::sleep(Duration::from_millis(1000)).await;
+        let released = Instant::now();
+        holder.unlock(&held).await.unwrap();
+        let lock = waiting.await.unwrap().expect("woken in the second runtime");
+        let took = released.elapsed();
+        w.unlock(&lock).await.unwrap();
+        took
+    });
+    println!("the second runtime's waiter took it {took:?} after the release");
+    assert!(took < WOKEN, "not woken by the release: {took:?}");
+    drop(second);
+    drop(w);
+    std::thread::sleep(Duration::from_millis(1000));
+    let after = clients(&clusters);
+    println!("clients per master: baseline {baseline:?}, after {after:?}");
+    assert_eq!(after, baseline, "connections left behind");
+    drop(main);
+}
+
+/// One manager shared by two live runtimes (a `static` manager used by
+/// two `#[tokio::test]`s at once): the link runs on the runtime of the
+/// first waiter. When that runtime shuts down while the other's waiters
+/// wait, those waiters must still be woken by the release.
+#[test]
+#[ignore = "audit finding: fails (the link dies with the runtime it was spawned on); see report"]
+fn a_link_spawned_on_a_runtime_that_shuts_down_leaves_other_runtimes_deaf() {
+    let clusters = RedisClusters::start(5, 3, 0);
+    let urls = clusters.urls();
+    let holder = manager(&urls);
+    let w = manager(&urls);
+    let res = resource("audit-two-runtimes");
+    let rt = || {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap()
+    };
+    let main = rt();
+    let held = main.block_on(holder.lock(&res, HOLD)).unwrap();
+    let first = rt();
+    let second = rt();
+    // The first runtime's waiter starts the links.
+    let _early = {
+        let (w, res) = (w.clone(), res.clone());
+        first.spawn(async move { w.lock_within(&res, HOLD, PATIENCE).await })
+    };
+    std::thread::sleep(Duration::from_millis(800));
+    let later = {
+        let (w, res) = (w.clone(), res.clone());
+        second.spawn(async move {
+            let lock = w.lock_within(&res, HOLD, PATIENCE).await;
+            (lock, Instant::now())
+        })
+    };
+    std::thread::sleep(Duration::from_millis(800));
+    first.shutdown_timeout(Duration::from_secs(1));
+    std::thread::sleep(Duration::from_millis(500));
+    let released = Instant::now();
+    main.block_on(holder.unlock(&held)).unwrap();
+    let (lock, got) = second.block_on(later).unwrap();
+    let took = lock.as_ref().map(|_| got - released);
+    println!("the other runtime's waiter: {took:?}");
+    assert!(
+        took.as_ref().is_ok_and(|t| *t < WOKEN),
+        "not woken by the release: {took:?}"
+    );
+}
+
+// ---------------------------------------------------------------------
+// Scenario 6: an ACL that denies sharded channels.
+// ---------------------------------------------------------------------
+
+/// A lock user on every master whose ACL allows the lock keys and the
+/// commands but no channel (`resetchannels`): subscriptions are refused
+/// (`NOPERM`), waiters fall back to the timed retry, releases still
+/// succeed, and the links do not reconnect in a loop.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acl_without_sharded_channels_falls_back_to_the_timed_retry() {
+    let clusters = RedisClusters::start(5, 3, 0);
+    let mut urls = Vec::new();
+    for cluster in clusters.iter() {
+        for m in 0..cluster.masters() {
+            let mut conn = cluster.master_conn(m);
+            let _: () = redis::cmd("ACL")
+                .arg("SETUSER")
+                .arg("locker")
+                .arg(&["on", ">pw", "~*", "resetchannels", "+@all"])
+                .query(&mut conn)
+                .unwrap();
+        }
+        urls.push(
+            cluster
+                .url()
+                .replacen("redis+cluster://", "redis+cluster://locker:pw@", 1),
+        );
+    }
+    let delay = Duration::from_millis(300);
+    let (a, b, c) = (
+        polling_manager(&urls, delay),
+        polling_manager(&urls, delay),
+        polling_manager(&urls, delay),
+    );
+    let mut worst = Duration::ZERO;
+    for round in 0..3 {
+        let res = resource(&format!("audit-acl-{round}"));
+        let held = a.lock(&res, HOLD).await.unwrap();
+        let waiting = vec![
+            waiter(&b, &res, PATIENCE, Duration::from_millis(20)),
+            waiter(&b, &res, PATIENCE, Duration::from_millis(20)),
+            waiter(&c, &res, PATIENCE, Duration::from_millis(20)),
+        ];
+        settle_waiters().await;
+        let conns = blocking(|| connections_received(&clusters));
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let churn = blocking(|| connections_received(&clusters)) - conns;
+        let released = Instant::now();
+        assert_eq!(a.unlock(&held).await.unwrap(), 5, "released everywhere");
+        let delays = handoffs(released, turns(waiting).await);
+        println!("round {round}: hand-offs {delays:?}; connections in 3 s of waiting: {churn}");
+        worst = worst.max(delays.iter().copied().max().unwrap());
+        assert!(churn <= 15 + 6, "the links reconnect in a loop: {churn}");
+    }
+    assert!(worst < Duration::from_secs(2), "worst hand-off {worst:?}");
+    assert_eq!(blocking(|| shard_channels(&clusters)), 0);
+    nothing_left(&clusters, &[&a, &b, &c]).await;
+}
+
+// ---------------------------------------------------------------------
+// Scenario 7: what the code suggests.
+// ---------------------------------------------------------------------
+
+/// Waiters that come and go on the same keys, as a lock convoy does: a
+/// key's last waiter leaves (its channels are unsubscribed) and the next
+/// one comes before the link has read the server's confirmations of that
+/// unsubscription, which are pushes too (redis-rs hands every
+/// subscription confirmation to the push sender). The link must not take
+/// its own `SUNSUBSCRIBE` confirmation for a channel it subscribed again
+/// as the server ending it (`Event::Dropped`), which ends the session,
+/// wakes every waiter and subscribes everything again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "audit finding: fails (own SUNSUBSCRIBE confirmations end sessions); see report"]
+async fn churn_of_waiters_does_not_restart_sessions() {
+    let clusters = RedisClusters::start(5, 3, 0);
+    let urls = clusters.urls();
+    let managers: Vec<Redlock> = (0..2).map(|_| manager(&urls)).collect();
+    let names: Vec<String> = (0..6)
+        .map(|i| resource(&format!("audit-churn-{i}")))
+        .collect();
+    // Connections made (request and subscription) before the count.
+    for m in &managers {
+        let l = m.lock(&names[0], HOLD).await.unwrap();
+        let waiting = waiter(m, &names[0], PATIENCE, Duration::ZERO);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        m.unlock(&l).await.unwrap();
+        waiting.await.unwrap().unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let before = blocking(|| connections_received(&clusters));
+    let ssub_before = blocking(|| calls(&clusters, "ssubscribe"));
+    let stop = Instant::now() + Duration::from_secs(10);
+    let served = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let mut tasks = Vec::new();
+    for m in &managers {
+        for t in 0..4 {
+            let (m, names, served) = (m.clone(), names.clone(), served.clone());
+            tasks.push(tokio::spawn(async move {
+                let mut i = t;
+                let mut worst = Duration::ZERO;
+                while Instant::now() < stop {
+                    let k = &names[i % names.len()];
+                    i += 1;
+                    let asked = Instant::now();
+                    let lock = m
+                        .lock_within(k, Duration::from_secs(20), Duration::from_secs(25))
+                        .await
+                        .unwrap();
+                    worst = worst.max(asked.elapsed());
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                    m.unlock(&lock).await.unwrap();
+                    served.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+                worst
+            }));
+        }
+    }
+    let mut worst = Duration::ZERO;
+    for t in tasks {
+        worst = worst.max(t.await.unwrap());
+    }
+    let after = blocking(|| connections_received(&clusters));
+    let ssub = blocking(|| calls(&clusters, "ssubscribe")) - ssub_before;
+    // Our own INFO connections: one per master per call above (2 calls).
+    let new = after - before - 2 * 15;
+    println!(
+        "{} locks served in 10 s, worst wait {worst:?}; connections opened by the managers: {new}; \
+         SSUBSCRIBE calls {ssub}",
+        served.load(std::sync::atomic::Ordering::Relaxed)
+    );
+    // A session made again opens one connection per master of its
+    // cluster (3); a few for redis-rs's slot refreshes are fine.
+    assert!(
+        new <= 6,
+        "{new} connections opened: about {} subscription sessions made again",
+        new / 3
+    );
+}
+
+/// The same churn on one key in one manager, and a check of what it costs
+/// the waiters: a session made again wakes every waiter of the manager.
+/// Here a long-waiting set of waiters on other keys counts its wake-ups
+/// through the attempts the masters see.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "audit finding: fails with the churn above; see report"]
+async fn churn_on_one_key_does_not_wake_waiters_of_other_keys() {
+    let clusters = RedisClusters::start(5, 3, 0);
+    let urls = clusters.urls();
+    let holder = manager(&urls);
+    let w = manager(&urls);
+    // 20 waiters that stay asleep behind a holder for the whole test.
+    let quiet: Vec<String> = (0..20)
+        .map(|i| resource(&format!("audit-quiet-{i}")))
+        .collect();
+    let mut held = Vec::new();
+    for k in &quiet {
+        held.push(holder.lock(k, HOLD).await.unwrap());
+    }
+    let sleepers: Vec<_> = quiet
+        .iter()
+        .map(|k| waiter(&w, k, Duration::from_secs(40), Duration::ZERO))
+        .collect();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let sets_before = blocking(|| calls(&clusters, "set"));
+    // Churn: the same manager takes one key again and again, with a
+    // second manager contending so that it waits each time.
+    let hot = resource("audit-hot");
+    let other = manager(&urls);
+    let stop = Instant::now() + Duration::from_secs(8);
+    let mut tasks = Vec::new();
+    for m in [w.clone(), w.clone(), other.clone(), other.clone()] {
+        let hot = hot.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut n = 0u64;
+            while Instant::now() < stop {
+                let l = m
+                    .lock_within(&hot, Duration::from_secs(20), Duration::from_secs(25))
+                    .await
+                    .unwrap();
+                tokio::time::sleep(Duration::from_millis(2)).await;
+                m.unlock(&l).await.unwrap();
+                n += 1;
+            }
+            n
+        }));
+    }
+    let mut served = 0;
+    for t in tasks {
+        served += t.await.unwrap();
+    }
+    let sets = blocking(|| calls(&clusters, "set")) - sets_before;
+    // The churn's own SETs: at most a few attempts per lock served, on 5
+    // clusters. The sleepers' attempts come on top: 20 sleepers x 5
+    // clusters per wake-all.
+    let churn_sets = served * 5 * 4;
+    let extra = sets.saturating_sub(churn_sets);
+    println!("{served} hot locks; SET calls {sets} (the churn's own at most {churn_sets})");
+    assert!(
+        extra < 20 * 5,
+        "the sleepers on other keys were woken: about {} times",
+        extra / 100
+    );
+    for l in &held {
+        holder.unlock(l).await.unwrap();
+    }
+    for s in sleepers {
+        s.await.unwrap().unwrap();
+    }
+}
