@@ -422,6 +422,44 @@ async fn the_restart_guard_counts_a_slot_that_lost_its_data_only_once_old() {
     guarded.unlock(&lock).await.unwrap();
 }
 
+/// One cluster named twice, by seeds that share no address (so the
+/// builder cannot tell): the second entry to connect is refused as the
+/// same failure domain (the cluster is named by the node id of the master
+/// that serves slot 0), and no key is left anywhere.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_cluster_named_twice_by_different_seeds_is_a_duplicate() {
+    let clusters = RedisClusters::start(3, 3, 0);
+    let c = &clusters[0];
+    let urls = vec![
+        format!("redis+cluster://127.0.0.1:{}", c.master_port(0)),
+        clusters[1].url(),
+        format!(
+            "redis+cluster://127.0.0.1:{},127.0.0.1:{}",
+            c.master_port(1),
+            c.master_port(2)
+        ),
+        clusters[2].url(),
+    ];
+    let twice = manager(&urls);
+    let res = resource("c-dup");
+    let r = twice.try_lock(&res, TTL).await;
+    match &r {
+        Err(e @ Error::DuplicateNode { index, first, .. }) => {
+            // Whichever entry connected second is the one refused.
+            assert_eq!((*index).min(*first), 0, "{e}");
+            assert_eq!((*index).max(*first), 2, "{e}");
+        }
+        other => panic!("one cluster named twice: {other:?}"),
+    }
+    for cluster in clusters.iter() {
+        assert!(cluster.keys_everywhere().is_empty(), "nothing left behind");
+    }
+    // Named once each, the same clusters lock.
+    let once = manager(&clusters.urls());
+    let lock = once.try_lock(&res, TTL).await.unwrap();
+    assert_eq!(once.unlock(&lock).await.unwrap(), 3);
+}
+
 /// What a cluster node cannot do, or a cluster that does not answer: typed
 /// errors, no panic.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

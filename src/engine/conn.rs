@@ -57,6 +57,26 @@ impl NodeConn {
     }
 }
 
+impl NodeConn {
+    /// What names the server (or the cluster) behind this connection among
+    /// the node list's entries: a standalone server's `run_id` (from `info`,
+    /// its `INFO server`), a cluster's [`cluster_identity`](crate::protocol::server_info::cluster_identity); empty when
+    /// unknown.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe: it only reads.
+    pub(crate) async fn identity(&mut self, info: &str) -> String {
+        if !self.is_cluster() {
+            return crate::protocol::server_info::run_id(info).unwrap_or_default();
+        }
+        let slots = redis::cmd("CLUSTER").arg("SLOTS").clone();
+        match self.ask_one::<Value>(&slots).await {
+            Ok(slots) => crate::protocol::server_info::cluster_identity(&slots).unwrap_or_default(),
+            Err(_) => String::new(),
+        }
+    }
+}
+
 impl ConnectionLike for NodeConn {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         match self {

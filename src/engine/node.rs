@@ -50,9 +50,7 @@ pub(crate) use crate::engine::dial::{Target, target_addrs, target_label};
 use crate::protocol::error::NodeError;
 use crate::protocol::generation::Known;
 use crate::protocol::request::unlock::Native;
-use crate::protocol::server_info::{
-    before_7, info_field, native_release, run_id, sections_refused,
-};
+use crate::protocol::server_info::{before_7, info_field, native_release, sections_refused};
 use crate::protocol::timing::{FIRST_BACKOFF, next_backoff};
 
 /// Which server each node of one manager turned out to be: its `run_id`,
@@ -418,12 +416,9 @@ impl Node {
                 let flag = if aof == "1" { 2 } else { 1 };
                 self.aof.store(flag, std::sync::atomic::Ordering::Relaxed);
             }
-            // A cluster answers `INFO` from one master at a time: its run id
-            // names no failure domain of the whole node.
-            let run_id = match conn.is_cluster() {
-                true => String::new(),
-                false => run_id(&info).unwrap_or_default(),
-            };
+            // A cluster answers `INFO` from one master at a time: it is
+            // named by its slot 0 master instead.
+            let run_id = conn.identity(&info).await;
             Ok::<_, RedisError>((conn, run_id))
         };
         match tokio::time::timeout(self.connect_timeout, work).await {

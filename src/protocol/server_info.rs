@@ -39,6 +39,32 @@ pub(crate) fn run_id(info: &str) -> Option<String> {
     info_field(info, "run_id").map(str::to_owned)
 }
 
+/// The identity of a cluster, from its `CLUSTER SLOTS` reply: the node id
+/// of the master that serves slot 0, as `cluster:<id>`. Two entries of the
+/// node list that name one cluster by different seeds get the same one
+/// (unless a failover came between their connections); two clusters never
+/// do. `None` where the reply does not say (an older server gives no ids).
+pub(crate) fn cluster_identity(slots: &redis::Value) -> Option<String> {
+    use redis::Value;
+    let Value::Array(ranges) = slots else {
+        return None;
+    };
+    ranges.iter().find_map(|range| {
+        let Value::Array(range) = range else {
+            return None;
+        };
+        match range.as_slice() {
+            [Value::Int(0), _, Value::Array(master), ..] => match master.get(2) {
+                Some(Value::BulkString(id)) if !id.is_empty() => {
+                    Some(format!("cluster:{}", String::from_utf8_lossy(id)))
+                }
+                _ => None,
+            },
+            _ => None,
+        }
+    })
+}
+
 /// The value of one `name:value` line of an `INFO` reply.
 pub(crate) fn info_field<'a>(info: &'a str, name: &str) -> Option<&'a str> {
     info.lines().find_map(|line| {
@@ -94,5 +120,24 @@ mod tests {
         let info = "run_id:x\r\n# Persistence\r\naof_enabled:1\r\naof_rewrite:0\r\n";
         assert_eq!(info_field(info, "aof_enabled"), Some("1"));
         assert_eq!(info_field(info, "aof"), None);
+    }
+
+    #[test]
+    fn a_cluster_is_named_by_its_slot_zero_master() {
+        use redis::Value;
+        let node = |id: &str| {
+            Value::Array(vec![
+                Value::BulkString(b"127.0.0.1".to_vec()),
+                Value::Int(7000),
+                Value::BulkString(id.as_bytes().to_vec()),
+            ])
+        };
+        let slots = Value::Array(vec![
+            Value::Array(vec![Value::Int(5461), Value::Int(16383), node("b")]),
+            Value::Array(vec![Value::Int(0), Value::Int(5460), node("a"), node("r")]),
+        ]);
+        assert_eq!(cluster_identity(&slots).as_deref(), Some("cluster:a"));
+        assert_eq!(cluster_identity(&Value::Array(vec![])), None);
+        assert_eq!(cluster_identity(&Value::Nil), None);
     }
 }
