@@ -486,7 +486,29 @@ async fn a_cluster_that_does_not_answer_is_a_typed_error() {
         Err(e @ Error::Redis { .. }) => assert!(e.to_string().contains("redis+cluster://"), "{e}"),
         other => panic!("a cluster's shards as nodes: {other:?}"),
     }
+    // Refused whatever the key: also where each entry named is a master of
+    // that key's slot (three clusters, one master of each), which would
+    // otherwise vote as if it were a standalone node.
+    let three: Vec<redlock_harness::shards::RedisCluster> = (0..3)
+        .map(|_| redlock_harness::shards::RedisCluster::start(3, 0))
+        .collect();
+    let owners: Vec<String> = three
+        .iter()
+        .map(|c| c.master_url(c.master_of(res.as_bytes())))
+        .collect();
+    let owners_only = manager(&owners);
+    match owners_only.lock(&res, TTL).await {
+        Err(e @ Error::Redis { .. }) => assert!(
+            e.to_string().contains("member of a Redis Cluster")
+                && e.to_string().contains("redis+cluster://"),
+            "{e}"
+        ),
+        other => panic!("the key's slot masters as standalone nodes: {other:?}"),
+    }
     assert!(cluster.keys_everywhere().is_empty(), "nothing left behind");
+    for c in &three {
+        assert!(c.keys_everywhere().is_empty(), "nothing left behind");
+    }
     let bad = Redlock::builder(["redis+cluster://127.0.0.1:7000,,127.0.0.1:7001"]).build();
     assert!(
         matches!(bad, Err(Error::InvalidNodeAddress { ref reason, .. }) if reason.contains("empty seed")),

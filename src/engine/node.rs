@@ -403,10 +403,13 @@ impl Node {
             };
             // A user whose ACL denies INFO (NOPERM) can still lock: the
             // server's identity and persistence are then unknown.
-            let info = match info(&mut conn, &["server", "persistence"]).await {
+            let info = match info(&mut conn, &["server", "persistence", "cluster"]).await {
                 Err(e) if e.code() == Some("NOPERM") => String::new(),
                 other => other?,
             };
+            if !conn.is_cluster() && info_field(&info, "cluster_enabled") == Some("1") {
+                return Err(crate::protocol::server_info::cluster_member());
+            }
             self.native_release
                 .store(native_release(&info), std::sync::atomic::Ordering::Relaxed);
             if before_7(&info) {

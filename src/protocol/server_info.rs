@@ -65,6 +65,19 @@ pub(crate) fn cluster_identity(slots: &redis::Value) -> Option<String> {
     })
 }
 
+/// The error of a standalone entry of the node list that reaches a member
+/// of a Redis Cluster (`cluster_enabled:1`): it would vote only for the
+/// keys of its own slots (and answer `MOVED` for the others), so it is
+/// refused at connection, whatever the key.
+pub(crate) fn cluster_member() -> redis::RedisError {
+    redis::RedisError::from((
+        redis::ErrorKind::InvalidClientConfig,
+        "the server is a member of a Redis Cluster",
+        "give the whole cluster as one node, redis+cluster://host:port,host:port (feature `cluster`)"
+            .to_owned(),
+    ))
+}
+
 /// The value of one `name:value` line of an `INFO` reply.
 pub(crate) fn info_field<'a>(info: &'a str, name: &str) -> Option<&'a str> {
     info.lines().find_map(|line| {
