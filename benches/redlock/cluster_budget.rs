@@ -174,7 +174,10 @@ pub(crate) async fn scenario(subjects: &[Subject<'_>], quick: bool, report: &mut
         .iter()
         .zip(&totals)
         .filter(|(s, _)| s.urls.iter().any(|u| u.contains("+cluster://")))
-        .map(|(s, &t)| format!("{} masters {:.0}", s.masters, rate(t)))
+        .map(|(s, &t)| {
+            let plural = if s.masters == 1 { "" } else { "s" };
+            format!("{} master{plural} {:.0}", s.masters, rate(t))
+        })
         .collect();
     for (s, &total) in subjects.iter().zip(&totals) {
         let r = rate(total);
