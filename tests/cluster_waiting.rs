@@ -429,3 +429,69 @@ async fn a_lock_user_with_the_documented_rule_waits_on_cluster_nodes() {
     }
     assert!(denials.is_empty(), "denials: {denials:#?}");
 }
+
+/// The slot master is paused (it answers nothing and sends no
+/// disconnection) and its replica promoted, on each of five clusters,
+/// while a waiter waits: once the waiting manager's requests have timed
+/// out there twice and its connection to each such cluster was made anew
+/// (on the new master), its subscriptions follow within a renewal tick,
+/// and the release wakes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_hears_the_release_after_a_silent_master_was_replaced() {
+    let mut clusters = RedisClusters::start(5, 2, 1);
+    let urls = clusters.urls();
+    let (a, b) = (manager(&urls), manager(&urls));
+    let res = resource("cw-silent");
+    let held = a.lock(&res, HOLD).await.unwrap();
+    let waiting = {
+        let (b, res) = (b.clone(), res.clone());
+        tokio::spawn(async move { b.lock_within(&res, HOLD, PATIENCE * 3).await })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut paused = Vec::new();
+    // On every cluster: a release from any node would wake the waiter.
+    for i in 0..5 {
+        let m = clusters[i].master_of(res.as_bytes());
+        // The replica has the key before its master goes silent.
+        let _: i64 = redis::cmd("WAIT")
+            .arg(1)
+            .arg(2000)
+            .query(&mut clusters[i].master_conn(m))
+            .unwrap();
+        clusters[i].pause_master(m);
+        clusters[i].failover(m);
+        paused.push((i, m));
+    }
+    // Both managers' requests reach the new masters once their connections
+    // were made anew after two timeouts in a row.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let verified = a.verify(&held).await;
+        let tried = b.try_lock(&res, HOLD).await;
+        let stale = format!("{verified:?}{tried:?}").contains("Timeout");
+        if verified.as_ref().is_ok_and(|v| *v) && !stale {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "requests do not reach the new masters: {verified:?} {tried:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // A renewal tick (2 s) for the link to follow.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let released = Instant::now();
+    let count = a.unlock(&held).await.unwrap();
+    let next = tokio::time::timeout(PATIENCE, waiting)
+        .await
+        .expect("the waiter answers")
+        .unwrap()
+        .expect("the waiter takes the lock");
+    let took = released.elapsed();
+    println!("released on {count}; the waiter took it {took:?} after the release");
+    assert!(took < WOKEN, "not woken by the release: {took:?}");
+    b.unlock(&next).await.unwrap();
+    for (i, m) in paused {
+        clusters[i].resume_master(m);
+    }
+}

@@ -5,7 +5,12 @@
 //! waiters over every master; a slot migrating while many wait, and back;
 //! churn of waiters that come and go on the same keys; managers and
 //! runtimes that go away while waiters wait; an ACL that denies sharded
-//! channels; Redis 6.2 (no sharded pub/sub) and Valkey 9.1.
+//! channels; a slot range without a master; Redis 6.2 (no sharded
+//! pub/sub) and Valkey 9.1.
+//!
+//! The tests marked `audit finding` fail today: each shows one defect
+//! (its doc says what it checks); they are ignored so that the suite stays
+//! green until the defect is fixed.
 //!
 //! Every waiter here has a timed retry far longer than the test's bounds
 //! (`retry_delay` 30 s) and every holder a ttl longer still, so a waiter
@@ -79,8 +84,9 @@ fn server_version() -> (u32, String) {
 /// One connection to each master of each cluster, kept, so that what the
 /// probes ask does not count among the connections the masters accept.
 /// Made again after a failover ([`Probe::new`]).
+/// Masters that are down are left out.
 struct Probe {
-    conns: Vec<Vec<redis::Connection>>,
+    conns: Vec<Vec<Option<redis::Connection>>>,
 }
 
 impl Probe {
@@ -88,7 +94,17 @@ impl Probe {
         Probe {
             conns: clusters
                 .iter()
-                .map(|c| (0..c.masters()).map(|m| c.master_conn(m)).collect())
+                .map(|c| {
+                    (0..c.masters())
+                        .map(|m| {
+                            redis::Client::open(c.master_url(m))
+                                .and_then(|client| {
+                                    client.get_connection_with_timeout(Duration::from_secs(2))
+                                })
+                                .ok()
+                        })
+                        .collect()
+                })
                 .collect(),
         }
     }
@@ -96,7 +112,7 @@ impl Probe {
     fn each<T>(&mut self, mut f: impl FnMut(&mut redis::Connection) -> T) -> Vec<Vec<T>> {
         self.conns
             .iter_mut()
-            .map(|c| c.iter_mut().map(&mut f).collect())
+            .map(|c| c.iter_mut().flatten().map(&mut f).collect())
             .collect()
     }
 
@@ -211,7 +227,7 @@ async fn nothing_left(clusters: &RedisClusters, managers: &[&Redlock]) {
     let locks = blocking(|| lock_keys(clusters));
     assert!(locks.is_empty(), "lock keys left: {locks:?}");
     let own = blocking(|| crate_keys(clusters));
-    let persistent: Vec<_> = own.iter().filter(|(_, t)| *t < 0).collect();
+    let persistent: Vec<_> = own.iter().filter(|(_, t)| *t == -1).collect();
     assert!(
         persistent.is_empty(),
         "keys of the waiting protocol without expiry: {persistent:?}"
@@ -348,7 +364,8 @@ async fn paused_masters_on_two_clusters_then_resumed_the_release_wakes() {
 
 /// The same pause, and the release comes while the two masters are still
 /// paused: the three other clusters' messages wake the waiters, and each
-/// waiter takes the lock on those three.
+/// waiter takes the lock on those three. Then new waiters come during the
+/// pause, on a new lock of the same slot.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_while_two_masters_are_paused_wakes_the_waiters() {
     let mut clusters = RedisClusters::start(5, 3, 0);
@@ -379,6 +396,26 @@ async fn a_release_while_two_masters_are_paused_wakes_the_waiters() {
     assert!(
         delays.iter().all(|d| *d < WOKEN),
         "a waiter not woken by the release: {delays:?}"
+    );
+    // Still paused: a new lock in the same slot (on the three live
+    // clusters), and new waiters, whose subscriptions on the two down
+    // clusters fail (the slot's master is paused): the three others
+    // still wake them.
+    let res2 = format!("{{{res}}}:2");
+    let held = a.lock(&res2, HOLD).await.unwrap();
+    let waiting = vec![
+        waiter(&b, &res2, PATIENCE, hold),
+        waiter(&b, &res2, PATIENCE, hold),
+        waiter(&c, &res2, PATIENCE, hold),
+    ];
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let released = Instant::now();
+    let n = a.unlock(&held).await.unwrap();
+    let delays = handoffs(released, turns(waiting).await);
+    println!("new waiters during the pause, released on {n}; hand-offs {delays:?}");
+    assert!(
+        delays.iter().all(|d| *d < WOKEN),
+        "a new waiter not woken by the release: {delays:?}"
     );
     for (i, m) in paused.iter().enumerate() {
         clusters[i].resume_master(*m);
@@ -493,7 +530,10 @@ async fn a_silent_master_replaced_keeps_a_stale_subscription() {
             .collect()
     });
     println!("unlock: {unlocked:?}; key gone on the promoted masters: {gone:?}");
-    assert!(gone.iter().all(|g| *g), "released on the three promoted masters");
+    assert!(
+        gone.iter().all(|g| *g),
+        "released on the three promoted masters"
+    );
     let mut waiting = waiting.into_iter();
     let mut first = waiting.next().unwrap();
     let heard = tokio::time::timeout(Duration::from_secs(10), &mut first).await;
@@ -520,7 +560,10 @@ async fn a_silent_master_replaced_keeps_a_stale_subscription() {
     }
     let second = waiting.next().unwrap();
     let second = tokio::time::timeout(Duration::from_secs(20), second).await;
-    println!("the second waiter: {:?}", second.map(|r| r.map(|t| t.map(|t| t.got - released))));
+    println!(
+        "the second waiter: {:?}",
+        second.map(|r| r.map(|t| t.map(|t| t.got - released)))
+    );
     assert!(
         heard_in.is_some_and(|d| d < WOKEN),
         "the release was not heard: the first waiter {heard_in:?} after it"
@@ -531,8 +574,12 @@ async fn a_silent_master_replaced_keeps_a_stale_subscription() {
 // Scenario 2: many waiters over every master.
 // ---------------------------------------------------------------------
 
-/// How long subscribing `keys` keys' channels took, and the figures of one
-/// run of [`many_waiters`].
+/// `keys * per_key` waiters in one manager on `keys` keys over every
+/// master of five clusters, each key held and released once, each waiter
+/// holding 5 ms: prints how long subscribing took, the masters' clients
+/// and memory, the hand-offs; checks every waiter is served by a release,
+/// registrations are made and renewed, no session is made again, and
+/// every channel and connection is gone or back afterwards.
 async fn many_waiters(keys: usize, per_key: usize) {
     let clusters = RedisClusters::start(5, 3, 0);
     let mut probe = Probe::new(&clusters);
@@ -553,7 +600,10 @@ async fn many_waiters(keys: usize, per_key: usize) {
     let w = manager(&urls);
     // The waiting manager's connections before it waits (its request
     // connection is made by a first call).
-    let warm = w.try_lock(&resource("audit-many-warm"), HOLD).await.unwrap();
+    let warm = w
+        .try_lock(&resource("audit-many-warm"), HOLD)
+        .await
+        .unwrap();
     w.unlock(&warm).await.unwrap();
     let before = blocking(|| probe.clients());
     let mem_before = blocking(|| probe.used_memory());
@@ -584,6 +634,24 @@ async fn many_waiters(keys: usize, per_key: usize) {
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
     tokio::time::sleep(Duration::from_millis(500)).await;
+    // The manager's registrations (one waiting hash per key and cluster),
+    // sent on the request connection by `queue_commands`; then again past
+    // the 6 s lease: the renewals (every 2 s) landed.
+    let registered = || {
+        blocking(|| crate_keys(&clusters))
+            .iter()
+            .filter(|(k, _)| k.ends_with("waiters"))
+            .count()
+    };
+    let first = registered();
+    tokio::time::sleep(Duration::from_secs(7)).await;
+    let renewed = registered();
+    println!(
+        "waiting hashes: {first} after subscribing, {renewed} 7 s later (of {})",
+        keys * clusters.len()
+    );
+    assert_eq!(first, keys * clusters.len(), "registrations missing");
+    assert_eq!(renewed, keys * clusters.len(), "registrations not renewed");
     let during = blocking(|| probe.clients());
     let mem_during = blocking(|| probe.used_memory());
     println!(
@@ -605,11 +673,19 @@ async fn many_waiters(keys: usize, per_key: usize) {
     // At most 32 releases at once (the holder's own load is not under
     // test).
     use futures::StreamExt;
-    let releases: Vec<_> = futures::stream::iter(held.iter().map(|l| holder.unlock(l)))
+    let releases: Vec<(usize, Instant, _)> =
+        futures::stream::iter(held.iter().enumerate().map(|(i, l)| {
+            let holder = &holder;
+            async move {
+                let at = Instant::now();
+                (i, at, holder.unlock(l).await)
+            }
+        }))
         .buffer_unordered(32)
         .collect()
         .await;
-    let refused: Vec<_> = releases.iter().filter(|r| r.is_err()).collect();
+    let release_at: HashMap<usize, Instant> = releases.iter().map(|(i, at, _)| (*i, *at)).collect();
+    let refused: Vec<_> = releases.iter().filter(|r| r.2.is_err()).collect();
     assert!(
         refused.is_empty(),
         "{} releases failed, first {:?}",
@@ -633,8 +709,8 @@ async fn many_waiters(keys: usize, per_key: usize) {
     }
     let all = released.elapsed();
     let mut delays: Vec<Duration> = by_key
-        .into_values()
-        .flat_map(|t| handoffs(released, t))
+        .into_iter()
+        .flat_map(|(i, t)| handoffs(release_at[&i], t))
         .collect();
     delays.sort();
     let p = |q: f64| delays[((delays.len() - 1) as f64 * q) as usize];
@@ -727,6 +803,7 @@ async fn many_waiters_follow_their_slot_there_and_back() {
 
 async fn migration_round_trip(release_mid_migration: bool) {
     let clusters = RedisClusters::start(5, 3, 0);
+    let mut probe = Probe::new(&clusters);
     let urls = clusters.urls();
     let holder = manager(&urls);
     let w = manager(&urls);
@@ -739,8 +816,9 @@ async fn migration_round_trip(release_mid_migration: bool) {
             .all(|k| RedisCluster::slot(k.as_bytes()) == slot)
     );
     let per_key = 20;
+    let hello_before = blocking(|| probe.calls("hello"));
     let mut failures = Vec::new();
-    for (round, pass) in ["there", "back"].into_iter().enumerate() {
+    for pass in ["there", "back"] {
         let mut held = Vec::new();
         for k in &names {
             held.push(holder.lock(k, HOLD).await.unwrap());
@@ -749,7 +827,7 @@ async fn migration_round_trip(release_mid_migration: bool) {
             .iter()
             .map(|k| {
                 (0..per_key)
-                    .map(|_| waiter(&w, k, Duration::from_secs(35), Duration::from_millis(5)))
+                    .map(|_| waiter(&w, k, Duration::from_secs(30), Duration::from_millis(5)))
                     .collect()
             })
             .collect();
@@ -765,39 +843,34 @@ async fn migration_round_trip(release_mid_migration: bool) {
             .zip(&sources)
             .map(|(c, from)| c.begin_migration(names[0].as_bytes(), (from + 1) % 3))
             .collect();
-        // Key 0 released between begin and the keys' move.
-        let first = Instant::now();
-        holder.unlock(&held[0]).await.unwrap();
-        let turns0 = turns(std::mem::take(&mut waiting[0])).await;
-        let d0 = handoffs(first, turns0);
-        println!("{pass}: key 0 released after begin, before the move: {d0:?}");
-        if d0.iter().any(|d| *d >= WOKEN) {
-            failures.push(format!("{pass}: before the move {d0:?}"));
+        let mut early = Vec::new();
+        if release_mid_migration {
+            // Key 0: released after `MIGRATING`/`IMPORTING`, its keys still
+            // on the source.
+            let at = Instant::now();
+            holder.unlock(&held[0]).await.unwrap();
+            let wait = std::mem::take(&mut waiting[0]);
+            early.push((0, at, tokio::spawn(turns(wait))));
+            tokio::time::sleep(Duration::from_millis(1000)).await;
         }
         let moved: usize = blocking(|| migrations.iter().map(|m| m.move_keys()).sum());
-        println!("{pass}: {moved} keys moved to the importing masters");
-        let mut mid = Vec::new();
         if release_mid_migration {
-            // Key 1 released while the slot is half-way: its keys on the
-            // target, the channels still on the source.
+            // Key 1: released once the slot's keys (its lock keys and
+            // waiting hashes) are on the importing master, the channels
+            // still served by the source.
             let at = Instant::now();
             holder.unlock(&held[1]).await.unwrap();
             let wait = std::mem::take(&mut waiting[1]);
-            // Held open 8 s, then finished: a waiter woken only by the
-            // end of the migration shows a delay of about 8 s.
-            let finish_at = at + Duration::from_secs(8);
-            let joined = tokio::spawn(async move { turns(wait).await });
-            tokio::time::sleep_until(finish_at.into()).await;
-            blocking(|| migrations.into_iter().for_each(|m| m.finish()));
-            let d1 = handoffs(at, joined.await.unwrap());
-            println!("{pass}: key 1 released mid-migration: {d1:?}");
-            if d1.iter().any(|d| *d >= WOKEN) {
-                failures.push(format!("{pass}: mid-migration {d1:?}"));
-            }
-            mid.push(1);
-        } else {
-            blocking(|| migrations.into_iter().for_each(|m| m.finish()));
+            early.push((1, at, tokio::spawn(turns(wait))));
+            tokio::time::sleep(Duration::from_millis(6000)).await;
         }
+        let finishing = Instant::now();
+        blocking(|| migrations.into_iter().for_each(|m| m.finish()));
+        let finished = Instant::now();
+        println!(
+            "{pass}: {moved} keys moved; migration finished in {:?}",
+            finished - finishing
+        );
         let owners: Vec<usize> = blocking(|| {
             clusters
                 .iter()
@@ -811,19 +884,41 @@ async fn migration_round_trip(release_mid_migration: bool) {
         // The links made new sessions (`SUNSUBSCRIBE` from the source).
         tokio::time::sleep(Duration::from_millis(1500)).await;
         let at = Instant::now();
-        let rest: Vec<usize> = (1..names.len()).filter(|i| !mid.contains(i)).collect();
-        for &i in &rest {
-            holder.unlock(&held[i]).await.unwrap();
-        }
-        let mut worst = Duration::ZERO;
-        for &i in &rest {
-            let d = handoffs(at, turns(std::mem::take(&mut waiting[i])).await);
-            worst = worst.max(d.iter().copied().max().unwrap_or_default());
-            if d.iter().any(|d| *d >= WOKEN * 2) {
-                failures.push(format!("{pass}: after the move, key {i}: {d:?}"));
+        let first_rest = if release_mid_migration { 2 } else { 0 };
+        for l in &held[first_rest..] {
+            // A release that misses a quorum (the holder's first request to
+            // a moved slot, on a loaded machine) is owed and sent again.
+            if let Err(e) = holder.unlock(l).await {
+                println!("{pass}: a release after the migration is owed: {e}");
             }
         }
-        println!("{pass} (round {round}): after the migration, worst hand-off {worst:?}");
+        let mut worst = Duration::ZERO;
+        for (i, wait) in waiting.iter_mut().enumerate().skip(first_rest) {
+            let d = handoffs(at, turns(std::mem::take(wait)).await);
+            worst = worst.max(d.iter().copied().max().unwrap_or_default());
+            if d.iter().any(|d| *d >= WOKEN) {
+                failures.push(format!("{pass}: after the migration, key {i}: {d:?}"));
+            }
+        }
+        println!("{pass}: released after the migration: worst hand-off {worst:?}");
+        for (i, at, joined) in early {
+            let t = joined.await.unwrap();
+            let first = t.iter().map(|t| t.got).min().unwrap();
+            let d = handoffs(at, t);
+            println!(
+                "{pass}: key {i} released mid-migration: first waiter {:?} after the release \
+                 ({:?} after the migration finished), worst hand-off {:?}",
+                first - at,
+                first.saturating_duration_since(finished),
+                d.iter().max().unwrap()
+            );
+            if d[0] >= WOKEN {
+                failures.push(format!(
+                    "{pass}: key {i} released mid-migration, first waiter after {:?}",
+                    d[0]
+                ));
+            }
+        }
         let deadline = Instant::now() + Duration::from_secs(10);
         while (holder.pending_releases() > 0 || w.pending_releases() > 0)
             && Instant::now() < deadline
@@ -831,6 +926,8 @@ async fn migration_round_trip(release_mid_migration: bool) {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
+    let sessions = (blocking(|| probe.calls("hello")) - hello_before) / 3;
+    println!("subscription sessions made: {sessions} (5 clusters, 2 migrations)");
     assert!(failures.is_empty(), "{failures:#?}");
     nothing_left(&clusters, &[&holder, &w]).await;
 }
@@ -845,8 +942,14 @@ async fn migration_round_trip(release_mid_migration: bool) {
 /// script's `PUBSUB SHARDNUMSUB` and `SPUBLISH` fail inside `pcall`), and
 /// the links do not reconnect in a loop.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs REDIS_SERVER=\"$(scripts/redis62-server.sh)\""]
+#[ignore = "needs REDIS_SERVER=\"$(scripts/redis62-server.sh)\" (CI's Redis 6.2 step runs it)"]
 async fn on_redis_6_2_waiters_fall_back_to_the_timed_retry() {
+    if std::env::var("AUDIT_TRACE").is_ok() {
+        let _ = tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::DEBUG)
+            .with_test_writer()
+            .try_init();
+    }
     let (major, text) = server_version();
     assert_eq!(major, 6, "run with a Redis 6.2 server: {text}");
     let clusters = RedisClusters::start(5, 3, 0);
@@ -869,12 +972,17 @@ async fn on_redis_6_2_waiters_fall_back_to_the_timed_retry() {
         ];
         settle_waiters().await;
         let conns = blocking(|| probe.connections_received());
+        let hellos = blocking(|| probe.calls("hello"));
         tokio::time::sleep(Duration::from_secs(2)).await;
         let churn = blocking(|| probe.connections_received()) - conns;
+        let hellos = blocking(|| probe.calls("hello")) - hellos;
         let released = Instant::now();
         assert_eq!(a.unlock(&held).await.unwrap(), 5, "released everywhere");
         let delays = handoffs(released, turns(waiting).await);
-        println!("round {round}: hand-offs {delays:?}; connections in 2 s of waiting: {churn}");
+        println!(
+            "round {round}: hand-offs {delays:?}; in 2 s of waiting: {churn} connections, \
+             {hellos} HELLO (RESP3 connections: the links')"
+        );
         worst = worst.max(delays.iter().copied().max().unwrap());
         // A link denied its subscription waits 30 s before it tries again:
         // 2 s of waiting open (almost) no connection.
@@ -1118,6 +1226,17 @@ fn a_link_spawned_on_a_runtime_that_shuts_down_leaves_other_runtimes_deaf() {
 /// succeed, and the links do not reconnect in a loop.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_acl_without_sharded_channels_falls_back_to_the_timed_retry() {
+    acl_fallback(&["on", ">pw", "~*", "resetchannels", "+@all"]).await;
+}
+
+/// The same with every channel allowed but the `SSUBSCRIBE` command
+/// denied.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acl_without_ssubscribe_falls_back_to_the_timed_retry() {
+    acl_fallback(&["on", ">pw", "~*", "allchannels", "+@all", "-ssubscribe"]).await;
+}
+
+async fn acl_fallback(rule: &[&str]) {
     let clusters = RedisClusters::start(5, 3, 0);
     let mut probe = Probe::new(&clusters);
     let mut urls = Vec::new();
@@ -1127,7 +1246,7 @@ async fn an_acl_without_sharded_channels_falls_back_to_the_timed_retry() {
             let _: () = redis::cmd("ACL")
                 .arg("SETUSER")
                 .arg("locker")
-                .arg(&["on", ">pw", "~*", "resetchannels", "+@all"])
+                .arg(rule)
                 .query(&mut conn)
                 .unwrap();
         }
@@ -1154,12 +1273,17 @@ async fn an_acl_without_sharded_channels_falls_back_to_the_timed_retry() {
         ];
         settle_waiters().await;
         let conns = blocking(|| probe.connections_received());
+        let hellos = blocking(|| probe.calls("hello"));
         tokio::time::sleep(Duration::from_secs(3)).await;
         let churn = blocking(|| probe.connections_received()) - conns;
+        let hellos = blocking(|| probe.calls("hello")) - hellos;
         let released = Instant::now();
         assert_eq!(a.unlock(&held).await.unwrap(), 5, "released everywhere");
         let delays = handoffs(released, turns(waiting).await);
-        println!("round {round}: hand-offs {delays:?}; connections in 3 s of waiting: {churn}");
+        println!(
+            "round {round}: hand-offs {delays:?}; in 3 s of waiting: {churn} connections, \
+             {hellos} HELLO (RESP3 connections: the links')"
+        );
         worst = worst.max(delays.iter().copied().max().unwrap());
         assert!(churn <= 6, "the links reconnect in a loop: {churn}");
     }
@@ -1181,7 +1305,6 @@ async fn an_acl_without_sharded_channels_falls_back_to_the_timed_retry() {
 /// as the server ending it (`Event::Dropped`), which ends the session,
 /// wakes every waiter and subscribes everything again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "audit finding: fails (own SUNSUBSCRIBE confirmations end sessions); see report"]
 async fn churn_of_waiters_does_not_restart_sessions() {
     let clusters = RedisClusters::start(5, 3, 0);
     let mut probe = Probe::new(&clusters);
@@ -1201,6 +1324,7 @@ async fn churn_of_waiters_does_not_restart_sessions() {
     tokio::time::sleep(Duration::from_millis(500)).await;
     let before = blocking(|| probe.connections_received());
     let ssub_before = blocking(|| probe.calls("ssubscribe"));
+    let hello_before = blocking(|| probe.calls("hello"));
     let stop = Instant::now() + Duration::from_secs(10);
     let served = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let mut tasks = Vec::new();
@@ -1234,36 +1358,48 @@ async fn churn_of_waiters_does_not_restart_sessions() {
     let after = blocking(|| probe.connections_received());
     let ssub = blocking(|| probe.calls("ssubscribe")) - ssub_before;
     let new = after - before;
+    let sessions = (blocking(|| probe.calls("hello")) - hello_before) / 3;
     println!(
         "{} locks served in 10 s, worst wait {worst:?}; connections opened by the managers: {new}; \
-         SSUBSCRIBE calls {ssub}",
+         subscription sessions made {sessions}; SSUBSCRIBE calls {ssub}",
         served.load(std::sync::atomic::Ordering::Relaxed)
     );
-    // A session made again opens one connection per master of its
-    // cluster (3); a few for redis-rs's slot refreshes are fine.
-    assert!(
-        new <= 6,
-        "{new} connections opened: about {} subscription sessions made again",
-        new / 3
-    );
+    assert_eq!(sessions, 0, "subscription sessions were made again");
 }
 
-/// The same churn on one key in one manager, and a check of what it costs
-/// the waiters: a session made again wakes every waiter of the manager.
-/// Here a long-waiting set of waiters on other keys counts its wake-ups
-/// through the attempts the masters see.
+/// What the churn above costs the other waiters of the manager: each
+/// session made again wakes every waiter (twice: when it ends and when the
+/// new one is up), and each woken waiter tries once more, on every
+/// cluster. Twenty waiters on keys of one slot (their master counts their
+/// `SET`s alone) sleep behind a holder while the same manager contends on
+/// a hot key of another master; they should not try at all.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "audit finding: fails with the churn above; see report"]
 async fn churn_on_one_key_does_not_wake_waiters_of_other_keys() {
     let clusters = RedisClusters::start(5, 3, 0);
     let mut probe = Probe::new(&clusters);
     let urls = clusters.urls();
     let holder = manager(&urls);
     let w = manager(&urls);
-    // 20 waiters that stay asleep behind a holder for the whole test.
-    let quiet: Vec<String> = (0..20)
-        .map(|i| resource(&format!("audit-quiet-{i}")))
-        .collect();
+    let tag = format!("{{{}}}", resource("audit-quiet"));
+    let quiet: Vec<String> = (0..20).map(|i| format!("{tag}:{i}")).collect();
+    let quiet_masters: Vec<usize> = blocking(|| {
+        clusters
+            .iter()
+            .map(|c| c.master_of(quiet[0].as_bytes()))
+            .collect()
+    });
+    // A hot key on another master in every cluster.
+    let hot = (0..)
+        .map(|i| resource(&format!("audit-hot-{i}")))
+        .find(|k| {
+            blocking(|| {
+                clusters
+                    .iter()
+                    .zip(&quiet_masters)
+                    .all(|(c, q)| c.master_of(k.as_bytes()) != *q)
+            })
+        })
+        .unwrap();
     let mut held = Vec::new();
     for k in &quiet {
         held.push(holder.lock(k, HOLD).await.unwrap());
@@ -1273,10 +1409,27 @@ async fn churn_on_one_key_does_not_wake_waiters_of_other_keys() {
         .map(|k| waiter(&w, k, Duration::from_secs(40), Duration::ZERO))
         .collect();
     tokio::time::sleep(Duration::from_millis(1500)).await;
-    let sets_before = blocking(|| probe.calls("set"));
-    // Churn: the same manager takes one key again and again, with a
+    let quiet_sets = |probe: &mut Probe| -> u64 {
+        probe
+            .conns
+            .iter_mut()
+            .zip(&quiet_masters)
+            .map(|(conns, q)| {
+                let info: String = redis::cmd("INFO")
+                    .arg("commandstats")
+                    .query(conns[*q].as_mut().unwrap())
+                    .unwrap();
+                info.lines()
+                    .filter_map(|l| l.strip_prefix("cmdstat_set:calls="))
+                    .filter_map(|rest| rest.split(',').next()?.parse::<u64>().ok())
+                    .sum::<u64>()
+            })
+            .sum()
+    };
+    let before = blocking(|| quiet_sets(&mut probe));
+    let hello_before = blocking(|| probe.calls("hello"));
+    // Churn: the same manager takes the hot key again and again, with a
     // second manager contending so that it waits each time.
-    let hot = resource("audit-hot");
     let other = manager(&urls);
     let stop = Instant::now() + Duration::from_secs(8);
     let mut tasks = Vec::new();
@@ -1300,22 +1453,198 @@ async fn churn_on_one_key_does_not_wake_waiters_of_other_keys() {
     for t in tasks {
         served += t.await.unwrap();
     }
-    let sets = blocking(|| probe.calls("set")) - sets_before;
-    // The churn's own SETs: at most a few attempts per lock served, on 5
-    // clusters. The sleepers' attempts come on top: 20 sleepers x 5
-    // clusters per wake-all.
-    let churn_sets = served * 5 * 4;
-    let extra = sets.saturating_sub(churn_sets);
-    println!("{served} hot locks; SET calls {sets} (the churn's own at most {churn_sets})");
-    assert!(
-        extra < 20 * 5,
-        "the sleepers on other keys were woken: about {} times",
-        extra / 100
+    let sets = blocking(|| quiet_sets(&mut probe)) - before;
+    let sessions = (blocking(|| probe.calls("hello")) - hello_before) / 3;
+    println!(
+        "{served} hot locks; the 20 sleepers tried {sets} times (SETs on their masters); \
+         subscription sessions made {sessions}"
     );
+    assert_eq!(sets, 0, "the sleepers on other keys were woken");
     for l in &held {
         holder.unlock(l).await.unwrap();
     }
     for s in sleepers {
         s.await.unwrap().unwrap();
     }
+}
+
+// ---------------------------------------------------------------------
+// Scenario 3, the two causes apart, on one cluster (a quorum of one).
+// ---------------------------------------------------------------------
+
+/// The name of the waiting protocol (`K`, `0xFF`, then `suffix`) in the
+/// slot of lock key `K`, as the crate names it on a cluster node.
+fn in_slot_of(key: &str, suffix: &[u8]) -> Vec<u8> {
+    let slot = RedisCluster::slot(key.as_bytes());
+    let tag = (0u64..)
+        .map(|n| n.to_string())
+        .find(|t| RedisCluster::slot(t.as_bytes()) == slot)
+        .unwrap();
+    let mut name = format!("{{{tag}}}{key}").into_bytes();
+    name.push(0xFF);
+    name.extend_from_slice(suffix);
+    name
+}
+
+/// A raw RESP2 connection subscribed (`SSUBSCRIBE`) to `channel` on the
+/// server at `port`: it says whether anything was published there.
+fn raw_subscriber(port: u16, channel: &[u8]) -> std::net::TcpStream {
+    use std::io::{Read, Write};
+    let mut sub = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    let mut command = format!("*2\r\n$10\r\nSSUBSCRIBE\r\n${}\r\n", channel.len()).into_bytes();
+    command.extend_from_slice(channel);
+    command.extend_from_slice(b"\r\n");
+    sub.write_all(&command).unwrap();
+    sub.set_read_timeout(Some(Duration::from_millis(500)))
+        .unwrap();
+    let mut buf = [0u8; 1024];
+    let n = sub.read(&mut buf).unwrap();
+    assert!(
+        buf[..n].windows(10).any(|w| w == b"ssubscribe"),
+        "subscribed"
+    );
+    sub
+}
+
+/// Whether `sub` received a sharded message within its read timeout.
+fn heard(sub: &mut std::net::TcpStream) -> bool {
+    use std::io::Read;
+    let mut buf = [0u8; 4096];
+    let mut got = false;
+    while let Ok(n) = sub.read(&mut buf) {
+        if n == 0 {
+            break;
+        }
+        got |= buf[..n].windows(8).any(|w| w == b"smessage");
+    }
+    got
+}
+
+/// A lock key that moved to the importing master with its slot's keys
+/// (`MIGRATE`, before `SETSLOT NODE`) is released there (redis-rs follows
+/// the source's `ASK`). The slot's sharded channels are still served by
+/// the source until the migration ends, and the waiters subscribe there;
+/// the unlock script, on the target, sees no subscriber of the channel
+/// (`PUBSUB SHARDNUMSUB` counts the target's own) and publishes nothing.
+/// A subscriber of the channel on the source must hear the release.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "audit finding: fails (no release published from the importing master); see report"]
+async fn a_release_on_the_importing_master_is_published_where_waiters_listen() {
+    let clusters = RedisClusters::start(1, 3, 0);
+    let urls = clusters.urls();
+    let a = manager(&urls);
+    let res = resource("audit-importing");
+    let held = a.lock(&res, HOLD).await.unwrap();
+    let cluster = &clusters[0];
+    let from = blocking(|| cluster.master_of(res.as_bytes()));
+    let mut listener = raw_subscriber(cluster.master_port(from), &in_slot_of(&res, b"released"));
+    let migration = cluster.begin_migration(res.as_bytes(), (from + 1) % 3);
+    let moved = blocking(|| migration.move_keys());
+    assert_eq!(moved, 1, "the lock key moved");
+    assert_eq!(a.unlock(&held).await.unwrap(), 1, "released on the target");
+    let published = blocking(|| heard(&mut listener));
+    blocking(|| migration.finish());
+    println!("moved {moved}; the release was heard on the source: {published}");
+    assert!(
+        published,
+        "a release on the importing master reached no subscriber"
+    );
+}
+
+/// A waiter woken by a release while its slot is half-way through a
+/// migration (`MIGRATING` on the source; the key, released, is gone from
+/// it): its attempt, `SET … NX PX … GET` with `PTTL` behind it in one
+/// pipeline, is answered `ASK` by the source, which redis-rs does not
+/// follow for that pipeline, so the cluster counts as busy; without a
+/// quorum the waiter sleeps a whole `retry_delay`. (A first attempt, a
+/// single `SET`, follows `ASK` and takes the lock.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "audit finding: fails (the waiting attempt's pipeline does not follow ASK); see report"]
+async fn a_waiter_woken_while_its_slot_migrates_takes_the_lock() {
+    let clusters = RedisClusters::start(1, 3, 0);
+    let urls = clusters.urls();
+    let (a, b) = (manager(&urls), manager(&urls));
+    let res = resource("audit-migrating");
+    let held = a.lock(&res, HOLD).await.unwrap();
+    let cluster = &clusters[0];
+    let from = blocking(|| cluster.master_of(res.as_bytes()));
+    let mut listener = raw_subscriber(cluster.master_port(from), &in_slot_of(&res, b"released"));
+    let migration = cluster.begin_migration(res.as_bytes(), (from + 1) % 3);
+    let waiting = waiter(&b, &res, Duration::from_secs(12), Duration::from_millis(5));
+    settle_waiters().await;
+    let released = Instant::now();
+    assert_eq!(a.unlock(&held).await.unwrap(), 1);
+    let published = blocking(|| heard(&mut listener));
+    let turn = waiting.await.unwrap().unwrap();
+    let took = turn.got - released;
+    blocking(|| migration.finish());
+    println!("the release was published: {published}; the waiter took the lock {took:?} after it");
+    assert!(published, "the release is published on the source");
+    assert!(took < WOKEN, "woken, but its attempt failed: {took:?}");
+}
+
+// ---------------------------------------------------------------------
+// A slot range without a master, on clusters that keep serving.
+// ---------------------------------------------------------------------
+
+/// Clusters that keep serving when a slot range has no master
+/// (`cluster-require-full-coverage no`, common in production): the slot
+/// master of key J dies on three of five clusters, with no replica. One
+/// waiter of the manager waits on J (it cannot get a quorum); its
+/// channel's subscription on those three clusters fails, over and over.
+/// The other waiters of the manager, on a key K of a served slot, must
+/// still be woken by K's release, and the links must not reconnect in a
+/// loop: one unserved channel should not take the whole cluster's
+/// subscriptions down.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "audit finding: fails (one unserved slot keeps the cluster's session down, reconnecting every second); see report"]
+async fn an_unserved_slot_does_not_take_the_other_subscriptions_down() {
+    let mut clusters =
+        RedisClusters::start_with(5, 3, 0, &["--cluster-require-full-coverage", "no"]);
+    let urls = clusters.urls();
+    let (a, b) = (manager(&urls), manager(&urls));
+    let j = resource("audit-unserved-j");
+    let k = (0..)
+        .map(|i| resource(&format!("audit-served-{i}")))
+        .find(|k| {
+            blocking(|| {
+                clusters
+                    .iter()
+                    .all(|c| c.master_of(k.as_bytes()) != c.master_of(j.as_bytes()))
+            })
+        })
+        .unwrap();
+    for i in 0..3 {
+        let m = blocking(|| clusters[i].master_of(j.as_bytes()));
+        clusters[i].kill_master(m);
+    }
+    // The live masters see the dead one failed (node timeout 1 s).
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let mut probe = Probe::new(&clusters);
+    let held = a.lock(&k, HOLD).await.unwrap();
+    let stuck = {
+        let (b, j) = (b.clone(), j.clone());
+        tokio::spawn(async move { b.lock_within(&j, HOLD, Duration::from_secs(15)).await })
+    };
+    let waiting = vec![
+        waiter(&b, &k, PATIENCE, Duration::from_millis(50)),
+        waiter(&b, &k, PATIENCE, Duration::from_millis(50)),
+    ];
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let hellos = blocking(|| probe.calls("hello"));
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let sessions = (blocking(|| probe.calls("hello")) - hellos) / 2;
+    let released = Instant::now();
+    assert_eq!(a.unlock(&held).await.unwrap(), 5);
+    let delays = handoffs(released, turns(waiting).await);
+    println!(
+        "hand-offs on the served key {delays:?}; subscription connections made in 4 s \
+         (two live masters per broken cluster): {sessions}"
+    );
+    stuck.abort();
+    assert!(delays.iter().all(|d| *d < WOKEN), "{delays:?}");
+    assert!(
+        sessions <= 3,
+        "{sessions} sessions in 4 s: the links reconnect in a loop"
+    );
 }

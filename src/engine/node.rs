@@ -112,6 +112,8 @@ pub(crate) struct Node {
     /// Requests that timed out in a row (cluster nodes; see
     /// [`Node::timed_out`]).
     timeouts: std::sync::atomic::AtomicU32,
+    /// How often a cluster node's connection was made anew after timeouts.
+    pub(crate) remade: std::sync::atomic::AtomicU32,
     /// How old a marker must be to be known as old: the restart guard's
     /// `max_ttl`, or any age without the guard.
     pub(crate) old_after: Duration,
@@ -223,6 +225,7 @@ impl Node {
             old_set: std::sync::atomic::AtomicBool::new(false),
             known: Known::default(),
             timeouts: std::sync::atomic::AtomicU32::new(0),
+            remade: std::sync::atomic::AtomicU32::new(0),
             old_after: config.restart_guard.unwrap_or(Duration::ZERO),
         })
     }
@@ -482,6 +485,8 @@ impl Node {
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         if before >= 1 {
             self.timeouts.store(0, std::sync::atomic::Ordering::Relaxed);
+            self.remade
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             self.broken(conn);
         }
     }

@@ -198,6 +198,10 @@ async fn serve(
     }
     drop(strong);
     *up = true;
+    // A master that went silent (paused, cut off) sends no disconnection,
+    // and its replica may take its slots over meanwhile: when the node's
+    // request connection was made anew after timeouts, so is this one.
+    let remade = node.remade.load(std::sync::atomic::Ordering::Relaxed);
     let mut renew = tokio::time::interval_at((Instant::now() + lease / 3).into(), lease / 3);
     renew.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -216,6 +220,9 @@ async fn serve(
                 Some(Event::Dropped(_)) => Ok(()),
             },
             _ = renew.tick() => {
+                if node.remade.load(std::sync::atomic::Ordering::Relaxed) != remade {
+                    return Ended::Broken;
+                }
                 let cmds = session
                     .owned
                     .iter()
@@ -427,9 +434,16 @@ async fn subscribe(
     channels: Vec<Vec<u8>>,
 ) -> Result<(), Ended> {
     // Denied: an ACL, or a server without the command (sharded pub/sub
-    // came in Redis 7.0).
-    let denied = |e: redis::RedisError| {
-        if e.code() == Some("NOPERM") || e.to_string().contains("unknown command") {
+    // came in Redis 7.0; Redis 6.2 quotes the channel, with its byte 0xFF,
+    // in an error that redis-rs then cannot read: any answer that is not
+    // a broken connection means the same on a cluster node).
+    let cluster = sub.is_cluster();
+    let denied = move |e: redis::RedisError| {
+        let answered = !(e.is_io_error() || e.is_timeout() || e.is_connection_dropped());
+        if e.code() == Some("NOPERM")
+            || e.to_string().contains("unknown command")
+            || (cluster && answered)
+        {
             Ended::Denied
         } else {
             Ended::Broken

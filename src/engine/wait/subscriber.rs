@@ -37,6 +37,11 @@ pub(super) enum Subscriber {
     Cluster {
         conn: redis::cluster_async::ClusterConnection,
         pushes: tokio::sync::mpsc::UnboundedReceiver<redis::PushInfo>,
+        /// Per channel (as named on the node), the confirmations of this
+        /// session's own `SUNSUBSCRIBE`s not read yet: redis-rs copies
+        /// every confirmation to the pushes, where it must not be taken
+        /// for the server ending the subscription.
+        leaving: std::collections::HashMap<Vec<u8>, u32>,
     },
 }
 
@@ -60,7 +65,13 @@ impl Subscriber {
             #[cfg(feature = "cluster")]
             Dial::Cluster(_, subscribing) => tokio::time::timeout(timeout, subscribing.connect())
                 .await
-                .map(|made| made.map(|(conn, pushes)| Subscriber::Cluster { conn, pushes })),
+                .map(|made| {
+                    made.map(|(conn, pushes)| Subscriber::Cluster {
+                        conn,
+                        pushes,
+                        leaving: Default::default(),
+                    })
+                }),
         };
         match made {
             Err(_) => Err(NodeError::Timeout),
@@ -110,8 +121,11 @@ impl Subscriber {
         match self {
             Subscriber::Single { sink, .. } => sink.unsubscribe(channels).await,
             #[cfg(feature = "cluster")]
-            Subscriber::Cluster { conn, .. } => {
+            Subscriber::Cluster { conn, leaving, .. } => {
                 for group in by_slot(channels) {
+                    for name in &group {
+                        *leaving.entry(name.clone()).or_default() += 1;
+                    }
                     conn.sunsubscribe(group).await?;
                 }
                 Ok(())
@@ -136,7 +150,9 @@ impl Subscriber {
                 })
             }
             #[cfg(feature = "cluster")]
-            Subscriber::Cluster { pushes, .. } => loop {
+            Subscriber::Cluster {
+                pushes, leaving, ..
+            } => loop {
                 let push = pushes.recv().await?;
                 let name = |i: usize| match push.data.get(i) {
                     Some(redis::Value::BulkString(b)) => Some(b.as_slice()),
@@ -153,9 +169,18 @@ impl Subscriber {
                         });
                     }
                     redis::PushKind::SUnsubscribe => {
-                        if let Some(channel) = name(0) {
-                            return Some(Event::Dropped(shard::unwire_name(channel).to_vec()));
+                        let Some(channel) = name(0) else {
+                            continue;
+                        };
+                        // The confirmation of our own unsubscription.
+                        if let Some(n) = leaving.get_mut(channel) {
+                            *n -= 1;
+                            if *n == 0 {
+                                leaving.remove(channel);
+                            }
+                            continue;
                         }
+                        return Some(Event::Dropped(shard::unwire_name(channel).to_vec()));
                     }
                     redis::PushKind::Disconnection => return None,
                     _ => {}
