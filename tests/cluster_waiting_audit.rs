@@ -1559,7 +1559,6 @@ async fn a_release_on_the_importing_master_is_published_where_waiters_listen() {
 /// quorum the waiter sleeps a whole `retry_delay`. (A first attempt, a
 /// single `SET`, follows `ASK` and takes the lock.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "audit finding: fails (the waiting attempt's pipeline does not follow ASK); see report"]
 async fn a_waiter_woken_while_its_slot_migrates_takes_the_lock() {
     let clusters = RedisClusters::start(1, 3, 0);
     let urls = clusters.urls();

@@ -19,7 +19,7 @@ use crate::protocol::generation;
 #[cfg(feature = "cluster")]
 mod sharded;
 #[cfg(feature = "cluster")]
-pub(crate) use sharded::{HANDOFF_CHECK_SHARD, UNLOCK_SHARD};
+pub(crate) use sharded::{HANDOFF_CHECK_SHARD, SET_PTTL, UNLOCK_SHARD};
 
 /// `KEYS[1]` = key, `ARGV[1]` = token, `ARGV[2]` = `quiet` or absent.
 /// Deletes the key only when it holds the token, and then, in the same

@@ -237,6 +237,27 @@ impl Set {
         &self.modern
     }
 
+    /// The waiting acquisition (`SET` with `PTTL` behind it) as one
+    /// command for a cluster node: `EVAL` of
+    /// [`SET_PTTL`](scripts::SET_PTTL), with the pipeline's replies. A
+    /// pipeline cannot follow `ASK` while the key's slot migrates (one
+    /// `ASKING` covers one command), a command can. `None` for the
+    /// acquisition without `PTTL`.
+    #[cfg(feature = "cluster")]
+    pub(crate) fn one_command(&self) -> Option<Cmd> {
+        if !self.pttl {
+            return None;
+        }
+        let mut eval = Cmd::new();
+        eval.arg("EVAL")
+            .arg(scripts::SET_PTTL)
+            .arg(1)
+            .arg(&self.key)
+            .arg(&self.token)
+            .arg(self.millis);
+        Some(eval)
+    }
+
     /// The same for a server that refuses `NX` with `GET` (Redis before
     /// 7.0): [`SET_NX_GET`](scripts::SET_NX_GET) sent with `EVAL`, still
     /// one round trip, and the same replies.

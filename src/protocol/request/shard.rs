@@ -138,6 +138,7 @@ pub(crate) fn localize(request: &Request) -> Option<Request> {
         Request::Durable { write, durability } => {
             localize(write).map(|write| write.durable(*durability))
         }
+        Request::Set(set) => set.one_command().map(|eval| Request::Cmd(Arc::new(eval))),
         Request::Script {
             script,
             keys,

@@ -34,3 +34,12 @@ pub(crate) static UNLOCK_SHARD: LazyLock<Script> =
 /// published again with `SPUBLISH`.
 pub(crate) static HANDOFF_CHECK_SHARD: LazyLock<Script> =
     LazyLock::new(|| Script::new(&handoff_check("spublish", "ARGV[2] .. ")));
+
+/// `KEYS[1]` = key, `ARGV[1]` = token, `ARGV[2]` = ttl in milliseconds:
+/// `SET key token NX PX ttl GET` then `PTTL key`, as the waiting
+/// acquisition's pipeline, answering the pipeline's two replies (a `nil`
+/// `SET` reply is Lua's `false`, sent back as `nil`; a `PTTL` the ACL
+/// denies is an error in the reply, as the pipeline's). Sent with `EVAL` to a
+/// cluster node, where the pipeline cannot follow `ASK`.
+pub(crate) const SET_PTTL: &str = r#"local set = redis.call("set", KEYS[1], ARGV[1], "NX", "PX", ARGV[2], "GET")
+return {set, redis.pcall("pttl", KEYS[1])}"#;
