@@ -1171,7 +1171,6 @@ fn a_manager_outlives_a_runtime_shut_down_mid_wait() {
 /// first waiter. When that runtime shuts down while the other's waiters
 /// wait, those waiters must still be woken by the release.
 #[test]
-#[ignore = "audit finding: fails (the link dies with the runtime it was spawned on); see report"]
 fn a_link_spawned_on_a_runtime_that_shuts_down_leaves_other_runtimes_deaf() {
     let clusters = RedisClusters::start(5, 3, 0);
     let urls = clusters.urls();

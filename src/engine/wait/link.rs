@@ -63,7 +63,40 @@ enum Ended {
 /// every channel that has waiters, then delivers messages and follows the
 /// channels' changes, until the connection breaks (then again, after a
 /// backoff) or the manager is dropped (it holds only a weak reference).
-pub(super) async fn run_link(shared: Weak<Shared>, index: usize, mut changes: mpsc::Receiver<()>) {
+pub(super) async fn run_link(shared: Weak<Shared>, index: usize, changes: mpsc::Receiver<()>) {
+    let mut gone = Gone {
+        shared: shared.clone(),
+        index,
+        armed: true,
+    };
+    serve_link(shared, index, changes).await;
+    gone.armed = false;
+}
+
+/// Marks a link down and wakes every waiter when its task is dropped
+/// unfinished (the runtime it ran on shut down): waiters on other runtimes
+/// must not go on counting its subscriptions, and the next of them to
+/// sleep starts it again ([`super::registry::ensure_links`]).
+struct Gone {
+    shared: Weak<Shared>,
+    index: usize,
+    armed: bool,
+}
+
+impl Drop for Gone {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        if let Some(shared) = self.shared.upgrade() {
+            set_status(&shared, self.index, Status::Down);
+            wake_all(&shared.lock());
+        }
+    }
+}
+
+/// [`run_link`]'s work.
+async fn serve_link(shared: Weak<Shared>, index: usize, mut changes: mpsc::Receiver<()>) {
     let mut backoff = FIRST_BACKOFF;
     // Whether a session of this link was up before: when the next one comes
     // up, every waiter tries once more (a release may have come while the

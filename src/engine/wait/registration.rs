@@ -114,6 +114,12 @@ impl Registration {
     /// # Cancel safety
     /// Cancel-safe: a wake-up is consumed only when this returns `true`.
     pub(crate) async fn sleep_until(&mut self, at: Instant) -> bool {
+        {
+            // A link that died with the runtime it ran on (another one than
+            // this waiter's) starts again here.
+            let mut state = self.shared.lock();
+            super::registry::ensure_links(&self.shared, &mut state);
+        }
         let woke = tokio::select! {
             _ = self.wake.notified() => true,
             _ = tokio::time::sleep_until(at.into()) => false,

@@ -120,8 +120,9 @@ impl Waits {
 }
 
 /// Starts the link task of every node that has none running (none yet, or
-/// it died with the runtime it ran on).
-fn ensure_links(shared: &Arc<Shared>, state: &mut State) {
+/// it died with the runtime it ran on): when a waiter registers, and
+/// before each of its sleeps, on the waiter's runtime.
+pub(super) fn ensure_links(shared: &Arc<Shared>, state: &mut State) {
     let Ok(runtime) = tokio::runtime::Handle::try_current() else {
         return;
     };
