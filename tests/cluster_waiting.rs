@@ -495,3 +495,54 @@ async fn a_waiter_hears_the_release_after_a_silent_master_was_replaced() {
         clusters[i].resume_master(m);
     }
 }
+
+/// A lock user denied scripts on cluster nodes still takes a lock by
+/// waiting: the waiting attempt, a script on cluster nodes, is sent again
+/// as the pipeline where the node answers `NOPERM`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_user_denied_scripts_still_waits_for_a_lock_on_cluster_nodes() {
+    let clusters = RedisClusters::start(5, 1, 0);
+    let rule: Vec<&str> = CLUSTER_RULE
+        .iter()
+        .copied()
+        .filter(|r| !matches!(*r, "+eval" | "+evalsha" | "+script|load"))
+        .collect();
+    let mut urls = Vec::new();
+    for cluster in clusters.iter() {
+        let _: () = redis::cmd("ACL")
+            .arg("SETUSER")
+            .arg("noscript")
+            .arg(&rule)
+            .query(&mut cluster.master_conn(0))
+            .unwrap();
+        urls.push(cluster.url().replacen(
+            "redis+cluster://",
+            "redis+cluster://noscript:locker-pass@",
+            1,
+        ));
+    }
+    let admin = Redlock::builder(clusters.urls().iter().map(String::as_str))
+        .key_prefix("app:")
+        .build()
+        .unwrap();
+    let user = Redlock::builder(urls.iter().map(String::as_str))
+        .key_prefix("app:")
+        .node_timeout(Duration::from_millis(500))
+        .retry_delay(Duration::from_millis(100))
+        .build()
+        .unwrap();
+    let res = resource("cw-noscript");
+    // Held by another for a second: the user's first attempt is refused,
+    // its waiting attempts take it once the key expires.
+    let _held = admin.lock(&res, Duration::from_secs(1)).await.unwrap();
+    let lock = user
+        .lock_within(&res, HOLD, Duration::from_secs(10))
+        .await
+        .expect("the waiting attempts work without scripts");
+    assert!(lock.is_valid());
+    let holding = clusters
+        .iter()
+        .filter(|c| c.get(format!("app:{res}").as_bytes()).is_some())
+        .count();
+    assert!(holding >= 3, "{holding}");
+}

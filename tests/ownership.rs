@@ -269,6 +269,12 @@ async fn verify_checks_the_holder_and_adopt_rebuilds_a_lock_from_its_token() {
     // A set is adopted by its names, in the holder's order.
     let (x, y) = (resource("adopt-x"), resource("adopt-y"));
     let set = a.try_lock([&x, &y], TTL).await.unwrap();
+    // `try_lock` returns at a quorum: the other nodes' requests may still
+    // be on their way, and another manager's release does not wait for
+    // them (seen under load: released on 4, the fifth set afterwards).
+    assert!(cluster.eventually(Duration::from_secs(5), |c| {
+        c.count(&x, set.token()) == 5 && c.count(&y, set.token()) == 5
+    }));
     let adopted = b.adopt([&x, &y], set.token()).unwrap();
     assert_eq!(adopted.resources().collect::<Vec<_>>(), [&x, &y]);
     assert!(b.verify(&adopted).await.unwrap());

@@ -63,20 +63,25 @@ enum Ended {
 /// every channel that has waiters, then delivers messages and follows the
 /// channels' changes, until the connection breaks (then again, after a
 /// backoff) or the manager is dropped (it holds only a weak reference).
-pub(super) async fn run_link(shared: Weak<Shared>, index: usize, changes: mpsc::Receiver<()>) {
+pub(super) async fn run_link(
+    shared: Weak<Shared>,
+    index: usize,
+    changes: mpsc::Receiver<()>,
+    restarted: bool,
+) {
     let mut gone = Gone {
         shared: shared.clone(),
         index,
         armed: true,
     };
-    serve_link(shared, index, changes).await;
+    serve_link(shared, index, changes, restarted).await;
     gone.armed = false;
 }
 
 /// Marks a link down and wakes every waiter when its task is dropped
 /// unfinished (the runtime it ran on shut down): waiters on other runtimes
 /// must not go on counting its subscriptions, and the next of them to
-/// sleep starts it again ([`super::registry::ensure_links`]).
+/// sleep starts it again ([`super::start::ensure_links`]).
 struct Gone {
     shared: Weak<Shared>,
     index: usize,
@@ -96,12 +101,18 @@ impl Drop for Gone {
 }
 
 /// [`run_link`]'s work.
-async fn serve_link(shared: Weak<Shared>, index: usize, mut changes: mpsc::Receiver<()>) {
+async fn serve_link(
+    shared: Weak<Shared>,
+    index: usize,
+    mut changes: mpsc::Receiver<()>,
+    restarted: bool,
+) {
     let mut backoff = FIRST_BACKOFF;
-    // Whether a session of this link was up before: when the next one comes
-    // up, every waiter tries once more (a release may have come while the
+    // Whether a session of this link (or of the task it replaces, which
+    // died with its runtime) was up before: when the next one comes up,
+    // every waiter tries once more (a release may have come while the
     // subscription was down).
-    let mut was_up = false;
+    let mut was_up = restarted;
     loop {
         let Some(node) = shared.upgrade().map(|s| s.nodes[index].clone()) else {
             return;
@@ -110,10 +121,13 @@ async fn serve_link(shared: Weak<Shared>, index: usize, mut changes: mpsc::Recei
         // waiters and reset the backoff (a node that stays down must not
         // wake every waiter at each reconnection attempt).
         let mut up = false;
+        // Read before connecting: a remake while the session starts counts.
+        let remade = node.remade.load(std::sync::atomic::Ordering::Relaxed);
         let ended = match Subscriber::connect(&node).await {
             Err(_) => Ended::Broken,
             Ok(sub) => {
-                let ended = serve(&shared, index, sub, &mut changes, was_up, &mut up).await;
+                let ended =
+                    serve(&shared, index, sub, &mut changes, (was_up, remade), &mut up).await;
                 if up {
                     backoff = FIRST_BACKOFF;
                     was_up = true;
@@ -175,13 +189,14 @@ impl Drop for AbortOnDrop {
 
 /// Runs one subscription connection until it ends. `was_up`: an earlier
 /// session of the link was up (then every waiter tries once more when this
-/// one is); `up` is set once this one is.
+/// one is); `remade`: the node's count of remade request connections when
+/// this session started; `up` is set once this one is.
 async fn serve(
     shared: &Weak<Shared>,
     index: usize,
     mut sub: Subscriber,
     changes: &mut mpsc::Receiver<()>,
-    was_up: bool,
+    (was_up, remade): (bool, u32),
     up: &mut bool,
 ) -> Ended {
     let Some(Begin {
@@ -234,7 +249,6 @@ async fn serve(
     // A master that went silent (paused, cut off) sends no disconnection,
     // and its replica may take its slots over meanwhile: when the node's
     // request connection was made anew after timeouts, so is this one.
-    let remade = node.remade.load(std::sync::atomic::Ordering::Relaxed);
     let mut renew = tokio::time::interval_at((Instant::now() + lease / 3).into(), lease / 3);
     renew.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -468,14 +482,16 @@ async fn subscribe(
 ) -> Result<(), Ended> {
     // Denied: an ACL, or a server without the command (sharded pub/sub
     // came in Redis 7.0; Redis 6.2 quotes the channel, with its byte 0xFF,
-    // in an error that redis-rs then cannot read: any answer that is not
-    // a broken connection means the same on a cluster node).
-    let cluster = sub.is_cluster();
+    // in an error that redis-rs then cannot read, a parse error). Anything
+    // else (CLUSTERDOWN, a connection gone) breaks the session, which is
+    // made again after a short backoff.
     let denied = move |e: redis::RedisError| {
-        let answered = !(e.is_io_error() || e.is_timeout() || e.is_connection_dropped());
         if e.code() == Some("NOPERM")
             || e.to_string().contains("unknown command")
-            || (cluster && answered)
+            || matches!(
+                e.kind(),
+                redis::ErrorKind::Parse | redis::ErrorKind::UnexpectedReturnType
+            )
         {
             Ended::Denied
         } else {

@@ -30,5 +30,6 @@ pub(crate) mod handoff;
 mod link;
 pub(crate) mod registration;
 pub(crate) mod registry;
+mod start;
 mod state;
 mod subscriber;

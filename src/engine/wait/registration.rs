@@ -118,7 +118,7 @@ impl Registration {
             // A link that died with the runtime it ran on (another one than
             // this waiter's) starts again here.
             let mut state = self.shared.lock();
-            super::registry::ensure_links(&self.shared, &mut state);
+            super::start::ensure_links(&self.shared, &mut state);
         }
         let woke = tokio::select! {
             _ = self.wake.notified() => true,

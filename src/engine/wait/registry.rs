@@ -10,11 +10,10 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::sync::{Notify, mpsc};
+use tokio::sync::Notify;
 
-use super::link;
 use super::registration::Registration;
-use super::state::{Channel, Link, Shared, Slot, State, Status};
+use super::state::{Channel, Link, Shared, Slot, State};
 use crate::engine::node::Node;
 use crate::protocol::keys;
 
@@ -75,7 +74,7 @@ impl Waits {
         let wake = Arc::new(Notify::new());
         let id = {
             let mut state = self.shared.lock();
-            ensure_links(&self.shared, &mut state);
+            super::start::ensure_links(&self.shared, &mut state);
             let id = state.next_id;
             state.next_id += 1;
             let nodes = self.shared.nodes.len();
@@ -116,35 +115,6 @@ impl Waits {
             let _ = tokio::time::timeout(within, registration.confirmed()).await;
             registration
         })
-    }
-}
-
-/// Starts the link task of every node that has none running (none yet, or
-/// it died with the runtime it ran on): when a waiter registers, and
-/// before each of its sleeps, on the waiter's runtime.
-pub(super) fn ensure_links(shared: &Arc<Shared>, state: &mut State) {
-    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-        return;
-    };
-    for index in 0..state.links.len() {
-        if state.links[index]
-            .task
-            .as_ref()
-            .is_some_and(|t| !t.is_finished())
-        {
-            continue;
-        }
-        // A new task knows no subscription of the old one.
-        for channel in state.channels.values_mut() {
-            channel.subscribed[index] = false;
-        }
-        let (bell, changes) = mpsc::channel(1);
-        let link = &mut state.links[index];
-        link.bell = Some(bell);
-        link.dirty.clear();
-        link.resync = false;
-        link.status = Status::Connecting;
-        link.task = Some(runtime.spawn(link::run_link(Arc::downgrade(shared), index, changes)));
     }
 }
 

@@ -105,10 +105,12 @@ impl Subscriber {
             Subscriber::Single { sink, .. } => sink.subscribe(channels).await,
             #[cfg(feature = "cluster")]
             Subscriber::Cluster { conn, .. } => {
-                for group in by_slot(channels) {
-                    conn.ssubscribe(group).await?;
-                }
-                Ok(())
+                // One command per slot, all at once (each to its master).
+                let sent = by_slot(channels).into_iter().map(|group| {
+                    let mut conn = conn.clone();
+                    async move { conn.ssubscribe(group).await }
+                });
+                futures::future::try_join_all(sent).await.map(|_| ())
             }
         }
     }
@@ -122,13 +124,15 @@ impl Subscriber {
             Subscriber::Single { sink, .. } => sink.unsubscribe(channels).await,
             #[cfg(feature = "cluster")]
             Subscriber::Cluster { conn, leaving, .. } => {
-                for group in by_slot(channels) {
-                    for name in &group {
-                        *leaving.entry(name.clone()).or_default() += 1;
-                    }
-                    conn.sunsubscribe(group).await?;
+                let groups = by_slot(channels);
+                for name in groups.iter().flatten() {
+                    *leaving.entry(name.clone()).or_default() += 1;
                 }
-                Ok(())
+                let sent = groups.into_iter().map(|group| {
+                    let mut conn = conn.clone();
+                    async move { conn.sunsubscribe(group).await }
+                });
+                futures::future::try_join_all(sent).await.map(|_| ())
             }
         }
     }
