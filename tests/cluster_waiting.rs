@@ -452,12 +452,23 @@ async fn a_waiter_hears_the_release_after_a_silent_master_was_replaced() {
     // On every cluster: a release from any node would wake the waiter.
     for i in 0..5 {
         let m = clusters[i].master_of(res.as_bytes());
-        // The replica has the key before its master goes silent.
-        let _: i64 = redis::cmd("WAIT")
-            .arg(1)
-            .arg(2000)
-            .query(&mut clusters[i].master_conn(m))
-            .unwrap();
+        // The replica has the key before its master goes silent (on a
+        // loaded machine its first sync may still be under way).
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let acked: i64 = redis::cmd("WAIT")
+                .arg(1)
+                .arg(1000)
+                .query(&mut clusters[i].master_conn(m))
+                .unwrap();
+            if acked >= 1 {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "cluster {i}: no replica acknowledged"
+            );
+        }
         clusters[i].pause_master(m);
         clusters[i].failover(m);
         paused.push((i, m));

@@ -734,11 +734,12 @@ async fn many_waiters(keys: usize, per_key: usize) {
         p(0.99),
         p(1.0)
     );
-    // One session per cluster; on a loaded machine a few more (a request
+    // One session per cluster; on a loaded machine more (a request
     // connection made anew after two timeouts takes its cluster's
-    // subscriptions with it). A restart storm makes hundreds.
+    // subscriptions with it: 12 beside four CPU burners). A restart storm
+    // makes hundreds.
     assert!(
-        sessions <= 10,
+        sessions <= 25,
         "{sessions} subscription sessions for 5 clusters: sessions were made again and again"
     );
     assert_eq!(failed, 0, "waiters failed");
