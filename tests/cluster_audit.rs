@@ -654,11 +654,17 @@ async fn a_held_lock_is_extended_checked_and_released_across_a_slot_migration() 
             &format!("moved: verify {stage}"),
             outcome(&redlock.verify(lock).await),
         );
+        let extended = redlock.extend(lock, LONG_TTL).await;
         check(
             &format!("moved: extend {stage}"),
-            outcome(&redlock.extend(lock, LONG_TTL).await.map(|_| ())),
+            outcome(&extended.as_ref().map(|_| ())),
         );
-        let released = outcome(&redlock.unlock(lock).await);
+        // The lock `extend` returned: it knows the extension's requests
+        // that may still be on their way (one that lands after a release
+        // through the old handle would set the keys again; seen on Valkey
+        // in CI, 26 keys of the spread set on one cluster).
+        let current = extended.as_ref().unwrap_or(lock);
+        let released = outcome(&redlock.unlock(current).await);
         check(
             &format!("moved: unlock {stage}"),
             format!("{released}, owed {}", redlock.pending_releases()),
