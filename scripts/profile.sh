@@ -46,6 +46,8 @@ wait "$loop"
 cat "$tmp/loop.log"
 
 perf script -i "$tmp/perf.data" 2>/dev/null | inferno-collapse-perf >"$tmp/folded"
+# KEEP_FOLDED=1 keeps the folded stacks beside the graph, to compare runs.
+[ -z "${KEEP_FOLDED:-}" ] || cp "$tmp/folded" "$out.folded"
 inferno-flamegraph --title "redlock bench, scenario 5 loop ($subject, $SECONDS_SAMPLED s, 999 Hz, user stacks)" \
   <"$tmp/folded" >"$out.svg"
 

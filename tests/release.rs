@@ -7,7 +7,7 @@
 use std::time::{Duration, Instant};
 
 use redlock_harness::proxy::{Fault, Proxy};
-use redlock_harness::raw::{calls, exists, reset_stats};
+use redlock_harness::raw::{before_redis_7, calls, exists, reset_stats};
 use redlock_harness::{Cluster, keys, manager, reach_every_node, resource};
 use redlock_quorum::Redlock;
 
@@ -63,6 +63,56 @@ async fn unlock_right_after_a_fresh_grant_releases_a_slow_node() {
             "round {round}: key left after unlock ({released:?}): {:?}",
             cluster.values(&res)
         );
+    }
+}
+
+/// A release queued behind a `SET` still in flight, on the same connection,
+/// goes after that `SET`, and is sent once more if the `SET` itself is sent
+/// again after it. The user may not run `INFO`, so a server older than
+/// Redis 7.0 is found old only by refusing `SET … NX … GET`: the slow node
+/// answers the first `SET` with a syntax error, runs the release (nothing to
+/// delete yet), and then gets the acquisition again as a script, which sets
+/// the key. The release must follow it. On Redis 7.0 and later the first
+/// `SET` stands, and the test checks the plain queued release.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_queued_behind_a_set_sent_again_follows_it() {
+    let mut cluster = Cluster::start(5);
+    let urls = cluster.acl_user("noinfo", &["on", ">pw", "~*", "&*", "+@all", "-info"]);
+    let proxy = Proxy::to_port(cluster.node(4).port()).await;
+    let mut urls = urls[..4].to_vec();
+    urls.push(proxy.url().replacen("redis://", "redis://noinfo:pw@", 1));
+    let old = before_redis_7(&cluster.urls()[4]);
+    for round in 0..5 {
+        let redlock = Redlock::builder(urls.iter().map(String::as_str))
+            .node_timeout(Duration::from_secs(2))
+            .build()
+            .unwrap();
+        // No warm-up: a lock taken there would teach the manager that the
+        // slow node is old, and its first `SET` would be the script.
+        reset_stats(&cluster.urls()[4]);
+        proxy.set(Fault::RequestLatency(Duration::from_millis(150)));
+        let res = resource("queued-release");
+        let lock = redlock.try_lock(&res, TTL).await.expect("four fast nodes");
+        let released = redlock.unlock(&lock).await;
+        proxy.set(Fault::NONE);
+        let resent = calls(&cluster.urls()[4], "eval");
+        eprintln!(
+            "round {round}: unlock {released:?}, acquisition scripts on the slow node {resent}"
+        );
+        assert!(
+            !exists(&cluster.urls()[4], &res),
+            "round {round}: key left on the slow node after unlock ({released:?})"
+        );
+        assert!(
+            matches!(released, Ok(5)),
+            "round {round}: unlock returned {released:?}"
+        );
+        if old && round == 0 {
+            assert!(
+                resent >= 1,
+                "the slow node never got the script: nothing was sent again"
+            );
+        }
     }
 }
 

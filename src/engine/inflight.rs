@@ -1,9 +1,26 @@
 //! In-flight tracking: which requests of earlier rounds on a lock may still
 //! be running, per node, so that a later request to a node (a release, an
 //! extension) goes after them (see [`crate::engine::round`]).
+//!
+//! A later request goes after an earlier one in one of two ways:
+//! - **queued behind it** on the same connection, at once, when the earlier
+//!   request was handed to that connection in its only form: a standalone
+//!   node's connection carries requests in the order they were handed to
+//!   it (one writer, a first-in first-out queue), and the node runs them in
+//!   that order. The later request still waits, after its own reply, for
+//!   the earlier one to settle, and is sent once more if the earlier one
+//!   was sent again meanwhile (a fallback form, a fresh connection):
+//!   see [`InFlight::queued_on`] and [`InFlight::still_behind`];
+//! - **after it settled**, in every other case (not yet sent, sent on a
+//!   connection since replaced, a form that may be sent again inside
+//!   redis-rs such as a script's `NOSCRIPT` reload, a cluster node).
+//!
+//! Queued behind, a release right after a grant costs no round trip more
+//! than the release alone: it is on the wire behind the `SET`s still in
+//! flight to the slower nodes, instead of waiting for their replies.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use tokio::sync::Notify;
 
@@ -12,10 +29,35 @@ use tokio::sync::Notify;
 #[derive(Debug)]
 pub(crate) struct Settled {
     pub(crate) done: Box<[AtomicBool]>,
+    /// Per node, where its request went: [`NOT_SENT`], the epoch of the
+    /// connection it was handed to plus one (its only form, sent once), or
+    /// [`UNORDERED`].
+    pub(crate) sent: Box<[AtomicU64]>,
     pub(crate) changed: Notify,
+    /// Set by the round when its one timer fired: every request still on
+    /// the round's deadline has timed out (see [`round`](crate::engine::round)).
+    pub(crate) expired: AtomicBool,
 }
 
+/// Not handed to a connection (yet).
+pub(crate) const NOT_SENT: u64 = 0;
+/// Sent in a form that may be sent again without the engine knowing (a
+/// script), sent more than once, or to a cluster node: a later request
+/// waits until it settled.
+pub(crate) const UNORDERED: u64 = u64::MAX;
+
 impl Settled {
+    /// A round's state for `nodes` nodes, where the nodes `asked` says no
+    /// to are settled from the start (not asked).
+    pub(crate) fn new(nodes: usize, asked: impl Fn(usize) -> bool) -> Settled {
+        Settled {
+            done: (0..nodes).map(|i| AtomicBool::new(!asked(i))).collect(),
+            sent: (0..nodes).map(|_| AtomicU64::new(NOT_SENT)).collect(),
+            changed: Notify::new(),
+            expired: AtomicBool::new(false),
+        }
+    }
+
     pub(crate) fn all(&self) -> bool {
         self.done.iter().all(|d| d.load(Ordering::Acquire))
     }
@@ -27,6 +69,17 @@ impl Settled {
 pub(crate) struct Mark {
     pub(crate) settled: Arc<Settled>,
     pub(crate) index: usize,
+}
+
+impl Mark {
+    /// Records that the request was handed to the connection of `epoch`
+    /// in its only form (`Some`), or that a later request must wait for it
+    /// to settle (`None`). The first is recorded only after the request is
+    /// in the connection's queue, the second before it is sent again.
+    pub(crate) fn sent(&self, epoch: Option<u64>) {
+        let stamp = epoch.map_or(UNORDERED, |e| e.wrapping_add(1).min(UNORDERED - 1));
+        self.settled.sent[self.index].store(stamp, Ordering::Release);
+    }
 }
 
 impl Drop for Mark {
@@ -72,6 +125,59 @@ impl InFlight {
                 changed.await;
             }
         }
+    }
+
+    /// Whether every earlier request to node `index` has settled, now.
+    pub(crate) fn settled_now(&self, index: usize) -> bool {
+        self.rounds().iter().all(|round| {
+            round
+                .done
+                .get(index)
+                .is_none_or(|d| d.load(Ordering::Acquire))
+        })
+    }
+
+    /// Whether a request to node `index` handed now to the connection of
+    /// `epoch` goes after every earlier request there that has not settled:
+    /// each was handed to that connection, in its only form. Returns which
+    /// rounds were unsettled (a bit per round, for [`still_behind`]), or
+    /// `None` when the request must wait for them to settle instead.
+    ///
+    /// [`still_behind`]: InFlight::still_behind
+    pub(crate) fn queued_on(&self, index: usize, epoch: u64) -> Option<u64> {
+        let stamp = epoch.wrapping_add(1).min(UNORDERED - 1);
+        let rounds = self.rounds();
+        if rounds.len() > 64 {
+            return None;
+        }
+        let mut unsettled = 0u64;
+        for (i, round) in rounds.iter().enumerate() {
+            let Some(done) = round.done.get(index) else {
+                continue;
+            };
+            if done.load(Ordering::Acquire) {
+                continue;
+            }
+            if round.sent[index].load(Ordering::Acquire) != stamp {
+                return None;
+            }
+            unsettled |= 1 << i;
+        }
+        Some(unsettled)
+    }
+
+    /// After a request queued behind the `unsettled` rounds on the
+    /// connection of `epoch` ([`queued_on`](InFlight::queued_on)) was
+    /// answered, and those rounds settled: whether none of them was sent
+    /// again meanwhile (else the request must be sent once more, now
+    /// that they settled).
+    pub(crate) fn still_behind(&self, index: usize, epoch: u64, unsettled: u64) -> bool {
+        let stamp = epoch.wrapping_add(1).min(UNORDERED - 1);
+        self.rounds()
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| unsettled & (1 << i) != 0)
+            .all(|(_, round)| round.sent[index].load(Ordering::Acquire) == stamp)
     }
 
     /// The requests of one round that may still run (none when `settled`

@@ -39,6 +39,7 @@ pub(crate) mod conn;
 pub(crate) mod counters;
 pub(crate) mod dial;
 pub(crate) mod extend;
+pub(crate) mod fanout;
 pub(crate) mod fence;
 pub(crate) mod health;
 pub(crate) mod inflight;

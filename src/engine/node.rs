@@ -180,7 +180,7 @@ struct Failure {
 /// connection-level failure against.
 pub(crate) struct Conn {
     pub(crate) conn: NodeConn,
-    epoch: u64,
+    pub(crate) epoch: u64,
 }
 
 impl std::fmt::Debug for Node {
@@ -323,15 +323,29 @@ impl Node {
     /// Cancel-safe: a connection attempt that is dropped leaves the slot as
     /// it was, and the next caller tries again.
     pub(crate) async fn connection(&self) -> Result<Conn, NodeError> {
-        let current = tokio::runtime::Handle::current();
+        if let Some(cached) = self.connection_now() {
+            return cached;
+        }
+        // Boxed: the connection attempt's state is large, and the cached
+        // path above is every request's (it keeps their futures small).
+        Box::pin(self.connect_on(tokio::runtime::Handle::current())).await
+    }
+
+    /// [`connection`](Node::connection) when it needs no waiting: the
+    /// cached connection usable on this runtime, or the cached failure
+    /// while its backoff lasts; `None` when a connection must be made.
+    pub(crate) fn connection_now(&self) -> Option<Result<Conn, NodeError>> {
+        self.cached(tokio::runtime::Handle::current().id())
+    }
+
+    /// [`connection`](Node::connection) past the cache: one attempt at a
+    /// time, on the runtime of `current`.
+    async fn connect_on(&self, current: tokio::runtime::Handle) -> Result<Conn, NodeError> {
         let runtime = current.id();
         let shared = matches!(
             current.runtime_flavor(),
             tokio::runtime::RuntimeFlavor::MultiThread
         );
-        if let Some(cached) = self.cached(runtime) {
-            return cached;
-        }
         let _gate = self.gate.lock().await;
         // Someone else may have connected (or failed) while we waited.
         if let Some(cached) = self.cached(runtime) {

@@ -244,6 +244,7 @@ async fn drain(mut worker: Worker) {
                 request,
                 node_timeout,
                 InFlight::default(),
+                None,
             )
         }))
         .await;

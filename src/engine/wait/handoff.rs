@@ -43,6 +43,7 @@ pub(crate) fn check_handoff(inner: &Arc<Inner>, nodes: &[usize], keys: &[&str], 
                 request.clone(),
                 timeout,
                 crate::engine::round::InFlight::default(),
+                None,
             )
         });
         // Read only by the trace (a no-op without the `tracing` feature).

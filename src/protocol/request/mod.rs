@@ -158,6 +158,19 @@ impl Request {
         }
     }
 
+    /// Whether a standalone node's connection gets the request once, as it
+    /// is: a command or a pipeline. A script is not (redis-rs sends it again
+    /// after loading it, when the node answers `NOSCRIPT`), so a later
+    /// request on the lock waits for it to settle (see
+    /// [`inflight`](crate::engine::inflight)).
+    pub(crate) fn sent_once(&self) -> bool {
+        match self {
+            Request::Cmd(_) | Request::Pipe(_) | Request::Set(_) => true,
+            Request::Script { .. } => false,
+            Request::Durable { write, .. } => write.sent_once(),
+        }
+    }
+
     /// Whether the request is a marked script, and how (a durable write's
     /// own request says).
     pub(crate) fn marked(&self) -> Marked {
