@@ -245,6 +245,7 @@ async fn drain(mut worker: Worker) {
                 node_timeout,
                 InFlight::default(),
                 None,
+                None,
             )
         }))
         .await;
