@@ -251,9 +251,11 @@ impl Redlock {
 
     /// Releases the lock on every node where it still holds our token,
     /// waiting for every node (each bounded by the timeouts). On each node,
-    /// the release is sent after the requests that granted the lock there
-    /// settled, so a `SET` that was still in flight when
-    /// [`lock`](Redlock::lock) returned cannot land after it. Returns how
+    /// the release goes after the requests that granted the lock there, so
+    /// a `SET` that was still in flight when [`lock`](Redlock::lock)
+    /// returned cannot land after it: queued behind that `SET` on the same
+    /// connection (the node runs them in order; sent once more if the `SET`
+    /// itself had to be sent again), or sent once it settled. Returns how
     /// many nodes released it.
     ///
     /// Nodes that could not be reached are retried in the background, one
