@@ -1,7 +1,7 @@
 //! What cluster nodes need beyond a round (feature `cluster`): the
 //! restart guard's generation markers, one per slot, made ahead. (A
 //! request over several slots is cut and combined in the round:
-//! [`run_split`](crate::engine::round::run_split).)
+//! [`run_split`](crate::engine::send::run_split).)
 
 use redis::Value;
 

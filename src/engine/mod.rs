@@ -32,6 +32,7 @@ use crate::protocol::timing::{self, Ttl};
 use crate::trace;
 
 pub(crate) mod acquire;
+pub(crate) mod call;
 #[cfg(feature = "cluster")]
 pub(crate) mod cluster;
 pub(crate) mod config;
@@ -42,12 +43,14 @@ pub(crate) mod extend;
 pub(crate) mod fanout;
 pub(crate) mod fence;
 pub(crate) mod health;
+pub(crate) mod identities;
 pub(crate) mod inflight;
 pub(crate) mod lock;
 pub(crate) mod node;
 pub(crate) mod release;
 pub(crate) mod retries;
 pub(crate) mod round;
+pub(crate) mod send;
 #[cfg(feature = "tls")]
 pub(crate) mod tls;
 pub(crate) mod verify;

@@ -34,7 +34,6 @@
 //! per-request node timeout, so that a cold start under a burst of clients
 //! does not count as a slow node.
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
@@ -47,41 +46,25 @@ use crate::engine::dial::single_client;
 #[cfg(feature = "cluster")]
 use crate::engine::dial::{Subscribing, cluster_client};
 pub(crate) use crate::engine::dial::{Target, target_addrs, target_label};
+pub(crate) use crate::engine::identities::Identities;
 use crate::protocol::error::NodeError;
 use crate::protocol::generation::Known;
 use crate::protocol::request::unlock::Native;
 use crate::protocol::server_info::{before_7, info_field, native_release, sections_refused};
 use crate::protocol::timing::{FIRST_BACKOFF, next_backoff};
 
-/// Which server each node of one manager turned out to be: its `run_id`,
-/// learned on each connection. Two entries of the node list that reach the
-/// same server (by two names, or two databases of it) are one failure
-/// domain, and counting both would let one server grant a quorum alone.
-#[derive(Debug, Default)]
-pub(crate) struct Identities {
-    by_run_id: Mutex<HashMap<String, (usize, String)>>,
-}
-
-impl Identities {
-    /// Records that node `index` (`label`) is the server `run_id`; on a
-    /// clash, the other entry's index and label.
-    fn register(&self, index: usize, label: &str, run_id: &str) -> Result<(), (usize, String)> {
-        if run_id.is_empty() {
-            // A server (or proxy) that hides its run id cannot be compared.
-            return Ok(());
-        }
-        let mut map = self.by_run_id.lock().unwrap_or_else(|e| e.into_inner());
-        // A node that restarted has a new run id: forget its old one.
-        map.retain(|_, (i, _)| *i != index);
-        match map.get(run_id) {
-            Some(other) => Err(other.clone()),
-            None => {
-                map.insert(run_id.to_owned(), (index, label.to_owned()));
-                Ok(())
-            }
-        }
-    }
-}
+/// Room in a standalone node's connection queue (redis-rs's pipeline
+/// channel, 50 requests by default): so much that a request never waits for
+/// room. A request handed to the connection is then in its queue when
+/// the first poll of its future returns, which is what lets a later request
+/// on the same lock queue behind it ([`inflight`](crate::engine::inflight)).
+/// A request that waited for room was pushed only when its task ran again,
+/// and a later request whose task ran first could overtake it (a release
+/// ahead of its lock's `SET`, seen with the queue full behind a partitioned
+/// node). The channel's blocks are allocated as requests queue, so the room
+/// costs nothing unused; it stays under Tokio's largest capacity on 32-bit
+/// targets.
+pub(crate) const QUEUE_ROOM: usize = 1 << 28;
 
 /// A node of the Redlock quorum.
 pub(crate) struct Node {
@@ -407,7 +390,8 @@ impl Node {
     async fn connect(&self) -> Result<(NodeConn, String), NodeError> {
         let config = AsyncConnectionConfig::new()
             .set_connection_timeout(Some(self.connect_timeout))
-            .set_response_timeout(None);
+            .set_response_timeout(None)
+            .set_pipeline_buffer_size(QUEUE_ROOM);
         let work = async {
             let mut conn = match &self.dial {
                 Dial::Single(client) => NodeConn::Single(
@@ -535,24 +519,5 @@ pub(crate) async fn info(conn: &mut NodeConn, sections: &[&str]) -> RedisResult<
             conn.ask_one(&redis::cmd("INFO")).await
         }
         other => other,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn one_server_under_two_entries_is_detected() {
-        let ids = Identities::default();
-        assert_eq!(ids.register(0, "x:1", "a"), Ok(()));
-        assert_eq!(ids.register(1, "y:1", "b"), Ok(()));
-        assert_eq!(ids.register(2, "z:1", "a"), Err((0, "x:1".to_owned())));
-        // node 0 restarted: a new run id, and "a" is free again
-        assert_eq!(ids.register(0, "x:1", "c"), Ok(()));
-        assert_eq!(ids.register(2, "z:1", "a"), Ok(()));
-        // no run id: nothing to compare
-        assert_eq!(ids.register(1, "y:1", ""), Ok(()));
-        assert_eq!(ids.register(2, "z:1", ""), Ok(()));
     }
 }

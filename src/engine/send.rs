@@ -1,0 +1,292 @@
+//! Sending one request on one node's connection and reading its raw
+//! reply: a standalone node's command, pipeline or script (`EVALSHA` with
+//! the `NOSCRIPT` fallback), the durable write with its confirmation in one
+//! pipeline, and a cluster node's request, cut per hash slot when its keys
+//! span several.
+
+use std::future::Future;
+
+use futures::future::Either;
+use redis::{RedisResult, Value};
+
+use crate::engine::node::NodeConn;
+use crate::protocol::durability::Durability;
+use crate::protocol::error::NodeError;
+use crate::protocol::request::{Marked, Request};
+
+/// Sends `request` on `conn` and reads the raw reply. A marked script gets
+/// `known` (the node's known generation, or nothing) as its last argument.
+///
+/// A standalone node's request is [`run_local`] as it is; a cluster node's
+/// goes boxed, so that its larger state stays out of every request's future.
+pub(crate) fn run<'a>(
+    request: &'a Request,
+    known: Option<&'a [u8]>,
+    conn: &'a mut NodeConn,
+) -> Either<BoxedRun<'a>, impl Future<Output = Result<Value, NodeError>> + Send + 'a> {
+    #[cfg(feature = "cluster")]
+    if conn.is_cluster() {
+        return Either::Left(Box::pin(run_cluster(request, known, conn)));
+    }
+    Either::Right(run_local(request, known, conn))
+}
+
+/// A request's future, boxed.
+pub(crate) type BoxedRun<'a> =
+    std::pin::Pin<Box<dyn Future<Output = Result<Value, NodeError>> + Send + 'a>>;
+
+/// [`run`] on a cluster node.
+#[cfg(feature = "cluster")]
+async fn run_cluster(
+    request: &Request,
+    known: Option<&[u8]>,
+    conn: &mut NodeConn,
+) -> Result<Value, NodeError> {
+    use crate::protocol::request::shard;
+    if let Some(split) = shard::split(request)? {
+        return Box::pin(run_split(split, known, conn)).await;
+    }
+    if let Some(local) = shard::localize(request) {
+        let sent = Box::pin(run_local(&local, known, conn)).await;
+        // The waiting acquisition goes as a script; a user denied
+        // scripts sends it as before (a pipeline: no `ASK` during a
+        // migration, one round trip more).
+        if let (Request::Set(_), Err(NodeError::Reply(e))) = (request, &sent)
+            && e.code() == Some("NOPERM")
+        {
+            return run_local(request, known, conn).await;
+        }
+        return sent;
+    }
+    run_local(request, known, conn).await
+}
+
+/// A cluster node's share of a request over keys in several hash slots
+/// (see [`shard`](crate::protocol::request::shard)): runs each part of `split` (at once, each routed to its slot's master)
+/// and combines their replies. Where an acquisition's parts did not all
+/// set their keys (a refusal, an error, a timeout's cut), the parts that
+/// did are released quietly before the node answers, so that a node never
+/// keeps part of a set it did not agree to.
+///
+/// # Cancel safety
+/// Not cancel-safe: a part already sent runs on its master; dropped
+/// before the release of the parts that agreed, those keep their keys
+/// until the ttl (the round releases everywhere a lock it did not grant).
+#[cfg(feature = "cluster")]
+pub(crate) async fn run_split(
+    split: crate::protocol::request::shard::Split,
+    known: Option<&[u8]>,
+    conn: &mut NodeConn,
+) -> Result<Value, NodeError> {
+    use crate::protocol::request::shard::{self, Combine, Split};
+    use futures::future::join_all;
+    let Split {
+        combine,
+        parts,
+        token,
+        marked,
+    } = split;
+    let answers = join_all(parts.iter().map(|part| {
+        let mut conn = conn.clone();
+        async move { Box::pin(run(part, known, &mut conn)).await }
+    }))
+    .await;
+    let complete = answers
+        .iter()
+        .all(|a| matches!(a, Ok(v) if combine != Combine::Acquire || shard::acquired(v)));
+    if combine == Combine::Acquire && !complete {
+        let releases = parts
+            .iter()
+            .zip(&answers)
+            .filter(|(_, a)| matches!(a, Ok(v) if shard::acquired(v)))
+            .filter_map(|(part, _)| shard::release(part, &token));
+        let _ = join_all(releases.map(|release| {
+            let mut conn = conn.clone();
+            async move { Box::pin(run(&release, None, &mut conn)).await }
+        }))
+        .await;
+    }
+    let mut replies = Vec::with_capacity(answers.len());
+    for answer in answers {
+        replies.push(answer?);
+    }
+    Ok(shard::combine_marked(combine, marked, &replies))
+}
+
+/// [`run`] of a request a cluster node takes as it is.
+async fn run_local(
+    request: &Request,
+    known: Option<&[u8]>,
+    conn: &mut NodeConn,
+) -> Result<Value, NodeError> {
+    match request {
+        // Boxed: durability is a choice of few, its state stays out of
+        // every request's future.
+        Request::Durable { write, durability } => {
+            Box::pin(run_durable(write, *durability, known, conn)).await
+        }
+        other => run_plain(other, known, conn)
+            .await
+            .map_err(NodeError::from_redis),
+    }
+}
+
+/// The last argument of a marked script: the generation the manager knows
+/// to be old on the node, or empty (never a generation).
+fn known_arg(marked: Marked, known: Option<&[u8]>) -> &[u8] {
+    match marked {
+        Marked::Known => known.unwrap_or_default(),
+        Marked::WithAge | Marked::No => &[],
+    }
+}
+
+/// [`run`] without the durability confirmation.
+async fn run_plain(
+    request: &Request,
+    known: Option<&[u8]>,
+    conn: &mut NodeConn,
+) -> RedisResult<Value> {
+    match request {
+        Request::Durable { write, .. } => Box::pin(run_plain(write, known, conn)).await,
+        Request::Cmd(cmd) => cmd.query_async(conn).await,
+        Request::Pipe(pipe) => run_pipe(pipe, conn).await,
+        Request::Set(set) => match set.modern() {
+            Request::Cmd(cmd) => cmd.query_async(conn).await,
+            Request::Pipe(pipe) => run_pipe(pipe, conn).await,
+            _ => unreachable!("an acquisition is a command or a pipeline"),
+        },
+        Request::Script {
+            script,
+            keys,
+            args,
+            marked,
+            ..
+        } => {
+            // `EVALSHA` built here, with the `NOSCRIPT` fallback of
+            // `invoke_async`: a `ScriptInvocation` copies every key and
+            // argument twice more (a twentieth of a cycle's client time).
+            let extra = usize::from(*marked != Marked::No);
+            let bytes: usize = keys.iter().chain(args.iter()).map(Vec::len).sum();
+            let mut evalsha = redis::Cmd::with_capacity(
+                3 + keys.len() + args.len() + extra,
+                7 + 40 + 20 + bytes + known.map_or(0, <[u8]>::len),
+            );
+            evalsha
+                .arg("EVALSHA")
+                .arg(script.get_hash())
+                .arg(keys.len());
+            for key in keys.iter() {
+                evalsha.arg(key.as_slice());
+            }
+            for arg in args.iter() {
+                evalsha.arg(arg.as_slice());
+            }
+            if *marked != Marked::No {
+                evalsha.arg(known_arg(*marked, known));
+            }
+            match evalsha.query_async(conn).await {
+                Err(e)
+                    if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
+                {
+                    script.load_async(conn).await?;
+                    evalsha.query_async(conn).await
+                }
+                other => other,
+            }
+        }
+    }
+}
+
+/// Sends `pipe`; the first reply's error is the request's error, a later
+/// one is left in the array for the reader.
+async fn run_pipe(pipe: &redis::Pipeline, conn: &mut NodeConn) -> RedisResult<Value> {
+    let value: Value = pipe.query_async(conn).await?;
+    if let Value::Array(replies) = &value
+        && let Some(Value::ServerError(e)) = replies.first()
+    {
+        return Err(e.clone().into());
+    }
+    Ok(value)
+}
+
+/// Runs `write` and the durability confirmation in one pipeline (one round
+/// trip). `EVALSHA` answered with `NOSCRIPT` loads the script and sends the
+/// pipeline once more. The write's reply comes back when the node confirmed
+/// it; [`NodeError::NotDurable`] when the node answered but did not confirm
+/// in time (the write may be there: the node counts as unknown), and
+/// [`NodeError::Durability`] when it cannot confirm at all (the command is
+/// unknown there, or AOF is off for `WAITAOF`).
+async fn run_durable(
+    write: &Request,
+    durability: Durability,
+    known: Option<&[u8]>,
+    conn: &mut NodeConn,
+) -> Result<Value, NodeError> {
+    let mut loaded = false;
+    loop {
+        let mut pipe = redis::pipe();
+        pipe.ignore_errors();
+        match write {
+            Request::Cmd(cmd) => {
+                pipe.add_command((**cmd).clone());
+            }
+            Request::Set(set) => match set.modern() {
+                Request::Cmd(cmd) => {
+                    pipe.add_command((**cmd).clone());
+                }
+                _ => unreachable!("a durable acquisition has no PTTL behind it"),
+            },
+            Request::Script {
+                script,
+                keys,
+                args,
+                marked,
+                ..
+            } => {
+                let evalsha = pipe.cmd("EVALSHA").arg(script.get_hash()).arg(keys.len());
+                for key in keys.iter() {
+                    evalsha.arg(key.as_slice());
+                }
+                for arg in args.iter() {
+                    evalsha.arg(arg.as_slice());
+                }
+                if *marked != Marked::No {
+                    evalsha.arg(known_arg(*marked, known));
+                }
+            }
+            Request::Durable { .. } | Request::Pipe(_) => {
+                unreachable!("a durable request wraps a command or a script")
+            }
+        }
+        pipe.add_command(durability.command());
+        let replies: Vec<Value> = pipe
+            .query_async(conn)
+            .await
+            .map_err(NodeError::from_redis)?;
+        // The write may have run: a reply of the wrong shape is an
+        // unconfirmed write, not an error that says nothing was written.
+        let [reply, confirmation]: [Value; 2] =
+            replies.try_into().map_err(|_| NodeError::NotDurable)?;
+        if let Value::ServerError(error) = &reply {
+            match write {
+                Request::Script { script, .. } if error.code() == "NOSCRIPT" && !loaded => {
+                    script
+                        .prepare_invoke()
+                        .load_async(conn)
+                        .await
+                        .map_err(NodeError::from_redis)?;
+                    loaded = true;
+                    continue;
+                }
+                _ => return Err(NodeError::from_redis(error.clone().into())),
+            }
+        }
+        // Any answer but a confirmation leaves the write unconfirmed, and
+        // counted as unknown (released if the lock is not granted).
+        return match confirmation {
+            Value::ServerError(error) => Err(NodeError::Durability(error.into())),
+            value if durability.confirmed(&value) => Ok(reply),
+            _ => Err(NodeError::NotDurable),
+        };
+    }
+}
