@@ -25,8 +25,10 @@ const BATCH: usize = 512;
 const BATCH_KEYS: usize = 1_024;
 
 /// Sends the ownership-checked release to every node, each after that
-/// node's earlier requests on the lock (`after`) settled, and waits for all
-/// of them (each bounded by the timeouts).
+/// node's earlier requests on the lock (`after`): queued behind them on
+/// their connection, or once they settled (see
+/// [`inflight`](crate::engine::inflight)). Waits for every node (each
+/// bounded by the timeouts).
 ///
 /// Nodes whose state is unknown afterwards may still hold the key (a SET
 /// whose reply was lost with its connection, say), which would keep others
