@@ -201,7 +201,7 @@ impl Inner {
                         round = split + 1,
                         "split vote or too few answers; another round"
                     );
-                    tokio::time::sleep(timing::split_vote_pause(split)).await;
+                    Box::pin(tokio::time::sleep(timing::split_vote_pause(split))).await;
                     split += 1;
                 }
                 Err(failed) => return Err(failed),
@@ -298,7 +298,9 @@ impl Inner {
                 // A round without a quorum was nobody's lock: its release
                 // wakes no waiter. One that had a quorum but too late
                 // (`Late`) may have kept waiters out: they are told.
-                release_with(
+                // Boxed: a refused attempt's path, its state kept out of
+                // every attempt's (boxed per attempt, see `lock_patiently`).
+                Box::pin(release_with(
                     inner,
                     Some(&maybe_ours),
                     &keys,
@@ -306,7 +308,7 @@ impl Inner {
                     ttl.key_expiry(start),
                     &in_flight,
                     matches!(failed, Failed::Round(_)),
-                )
+                ))
                 .await;
                 cleanup.disarm();
                 Err((failed.into_error(&keys::label(resources)), outcome))
