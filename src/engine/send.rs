@@ -165,25 +165,7 @@ async fn run_plain(
             // `EVALSHA` built here, with the `NOSCRIPT` fallback of
             // `invoke_async`: a `ScriptInvocation` copies every key and
             // argument twice more (a twentieth of a cycle's client time).
-            let extra = usize::from(*marked != Marked::No);
-            let bytes: usize = keys.iter().chain(args.iter()).map(Vec::len).sum();
-            let mut evalsha = redis::Cmd::with_capacity(
-                3 + keys.len() + args.len() + extra,
-                7 + 40 + 20 + bytes + known.map_or(0, <[u8]>::len),
-            );
-            evalsha
-                .arg("EVALSHA")
-                .arg(script.get_hash())
-                .arg(keys.len());
-            for key in keys.iter() {
-                evalsha.arg(key.as_slice());
-            }
-            for arg in args.iter() {
-                evalsha.arg(arg.as_slice());
-            }
-            if *marked != Marked::No {
-                evalsha.arg(known_arg(*marked, known));
-            }
+            let evalsha = evalsha(script, keys, args, *marked, known);
             match evalsha.query_async(conn).await {
                 Err(e)
                     if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
@@ -195,6 +177,34 @@ async fn run_plain(
             }
         }
     }
+}
+
+/// `EVALSHA` of `script` over `keys` and `args`, with the known generation
+/// last for a marked script, sized ahead.
+fn evalsha(
+    script: &redis::Script,
+    keys: &[Vec<u8>],
+    args: &[Vec<u8>],
+    marked: Marked,
+    known: Option<&[u8]>,
+) -> redis::Cmd {
+    let extra = usize::from(marked != Marked::No);
+    let bytes: usize = keys.iter().chain(args.iter()).map(Vec::len).sum();
+    let mut cmd = redis::Cmd::with_capacity(
+        3 + keys.len() + args.len() + extra,
+        7 + 40 + 20 + bytes + known.map_or(0, <[u8]>::len),
+    );
+    cmd.arg("EVALSHA").arg(script.get_hash()).arg(keys.len());
+    for key in keys {
+        cmd.arg(key.as_slice());
+    }
+    for arg in args {
+        cmd.arg(arg.as_slice());
+    }
+    if marked != Marked::No {
+        cmd.arg(known_arg(marked, known));
+    }
+    cmd
 }
 
 /// Sends `pipe`; the first reply's error is the request's error, a later
@@ -243,16 +253,7 @@ async fn run_durable(
                 marked,
                 ..
             } => {
-                let evalsha = pipe.cmd("EVALSHA").arg(script.get_hash()).arg(keys.len());
-                for key in keys.iter() {
-                    evalsha.arg(key.as_slice());
-                }
-                for arg in args.iter() {
-                    evalsha.arg(arg.as_slice());
-                }
-                if *marked != Marked::No {
-                    evalsha.arg(known_arg(*marked, known));
-                }
+                pipe.add_command(evalsha(script, keys, args, *marked, known));
             }
             Request::Durable { .. } | Request::Pipe(_) => {
                 unreachable!("a durable request wraps a command or a script")
