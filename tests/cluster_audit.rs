@@ -16,8 +16,8 @@
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
-use redlock_harness::resource;
 use redlock_harness::shards::{RedisCluster, RedisClusters};
+use redlock_harness::{releases_drained, resource};
 use redlock_quorum::{Durability, Error, NodeError, Redlock};
 
 const LONG_TTL: Duration = Duration::from_secs(30);
@@ -84,18 +84,6 @@ async fn warm(redlock: &Redlock) {
     redlock.unlock(&lock).await.unwrap();
 }
 
-/// Waits until `redlock` owes no release, for at most `limit`.
-async fn pending_drain(redlock: &Redlock, limit: Duration) -> bool {
-    let deadline = Instant::now() + limit;
-    while redlock.pending_releases() > 0 {
-        if Instant::now() > deadline {
-            return false;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    true
-}
-
 // ---------------------------------------------------------------------------
 // Paused shard masters.
 // ---------------------------------------------------------------------------
@@ -146,7 +134,7 @@ async fn a_paused_master_on_a_minority_times_out_cleanly_and_leaves_nothing() {
         clusters[i].wait_ok();
     }
     assert!(
-        pending_drain(&redlock, Duration::from_secs(10)).await,
+        releases_drained(&redlock, Duration::from_secs(10)).await,
         "owed releases drain once the masters answer: {} left",
         redlock.pending_releases()
     );
@@ -203,7 +191,7 @@ async fn a_paused_master_on_a_majority_fails_within_bounds_and_leaves_nothing() 
         clusters[i].wait_ok();
     }
     assert!(
-        pending_drain(&redlock, Duration::from_secs(10)).await,
+        releases_drained(&redlock, Duration::from_secs(10)).await,
         "owed releases drain: {} left",
         redlock.pending_releases()
     );
@@ -430,7 +418,7 @@ async fn sets_retried_by_the_cluster_client_never_land_after_the_attempt() {
         c.wait_ok();
     }
     for m in &managers {
-        assert!(pending_drain(m, Duration::from_secs(10)).await);
+        assert!(releases_drained(m, Duration::from_secs(10)).await);
     }
     tokio::time::sleep(Duration::from_millis(500)).await;
     let left = lock_keys_left(&clusters);
@@ -523,7 +511,7 @@ async fn masters_paused_mid_round_and_resumed_after_unlock_leave_nothing() {
                 signal(pid, libc::SIGCONT);
             }
         }
-        assert!(pending_drain(&redlock, Duration::from_secs(10)).await);
+        assert!(releases_drained(&redlock, Duration::from_secs(10)).await);
         tokio::time::sleep(Duration::from_millis(100)).await;
         let keys = lock_keys_left(&clusters);
         if !keys.is_empty() {
@@ -674,7 +662,7 @@ async fn a_held_lock_is_extended_checked_and_released_across_a_slot_migration() 
     // slot map refreshed after `MOVED`) is owed it: the retry must find the
     // key where the slot went.
     assert!(
-        pending_drain(&redlock, Duration::from_secs(10)).await,
+        releases_drained(&redlock, Duration::from_secs(10)).await,
         "owed releases drain: {} left",
         redlock.pending_releases()
     );
@@ -953,7 +941,7 @@ async fn five_hundred_resources_are_all_or_nothing_and_a_refused_set_leaves_noth
             "{}",
             outcome(&refused.map(|_| ()))
         );
-        assert!(pending_drain(&b, Duration::from_secs(5)).await);
+        assert!(releases_drained(&b, Duration::from_secs(5)).await);
         let others = held_per_cluster(&clusters, &overlap[10..]);
         assert!(
             others.iter().all(|&n| n == 0),
@@ -1274,7 +1262,7 @@ async fn a_key_of_the_wrong_type_is_a_typed_error_and_leaves_nothing() {
         took < Duration::from_secs(5),
         "a reply that retrying cannot fix fails at once: {took:?}"
     );
-    assert!(pending_drain(&redlock, Duration::from_secs(5)).await);
+    assert!(releases_drained(&redlock, Duration::from_secs(5)).await);
     let left: Vec<(usize, String)> = lock_keys_left(&clusters)
         .into_iter()
         .filter(|(_, k)| k != &single && k != &names[17])
@@ -1543,8 +1531,8 @@ async fn a_flushed_master_mid_hold_under_the_restart_guard() {
     if let Ok(lock) = &again {
         b.unlock(lock).await.unwrap();
     }
-    assert!(pending_drain(&a, Duration::from_secs(5)).await);
-    assert!(pending_drain(&b, Duration::from_secs(5)).await);
+    assert!(releases_drained(&a, Duration::from_secs(5)).await);
+    assert!(releases_drained(&b, Duration::from_secs(5)).await);
     assert!(lock_keys_left(&clusters).is_empty());
 }
 

@@ -11,21 +11,10 @@ use std::time::{Duration, Instant};
 
 use redlock_harness::proxy::{Fault, Proxy};
 use redlock_harness::raw::exists;
-use redlock_harness::{Cluster, resource, warm};
+use redlock_harness::{Cluster, releases_drained, resource, warm};
 use redlock_quorum::Redlock;
 
 const TTL: Duration = Duration::from_secs(60);
-
-async fn drained(redlock: &Redlock, within: Duration) -> bool {
-    let deadline = Instant::now() + within;
-    while redlock.pending_releases() > 0 {
-        if Instant::now() > deadline {
-            return false;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    true
-}
 
 /// The slow node is partitioned with its socket buffers full, so its
 /// connection's driver takes nothing more, and thousands of requests queue
@@ -79,7 +68,7 @@ async fn release_waiting_for_room_in_a_full_connection_queue_stays_behind_its_se
     for u in unlocks {
         results.push(u.await.unwrap());
     }
-    assert!(drained(&redlock, Duration::from_secs(30)).await);
+    assert!(releases_drained(&redlock, Duration::from_secs(30)).await);
     tokio::time::sleep(Duration::from_millis(200)).await;
     let left: Vec<usize> = names
         .iter()
@@ -119,7 +108,7 @@ fn build(urls: &[String], node_timeout: Duration) -> Redlock {
 
 async fn gone_after_drain(cluster: &Cluster, redlock: &Redlock, keys: &[String]) -> Vec<String> {
     assert!(
-        drained(redlock, Duration::from_secs(40)).await,
+        releases_drained(redlock, Duration::from_secs(40)).await,
         "owed releases never drained: {}",
         redlock.pending_releases()
     );

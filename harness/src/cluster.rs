@@ -317,3 +317,16 @@ pub fn resource(topic: &str) -> String {
         .unwrap_or(0);
     format!("test:{topic}:{}:{nanos}:{n}", std::process::id())
 }
+
+/// Waits until `redlock` owes no release (its retry workers drained), for
+/// at most `within`; whether it drained.
+pub async fn releases_drained(redlock: &Redlock, within: Duration) -> bool {
+    let deadline = std::time::Instant::now() + within;
+    while redlock.pending_releases() > 0 {
+        if std::time::Instant::now() > deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    true
+}

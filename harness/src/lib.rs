@@ -39,6 +39,8 @@ pub mod server;
 pub mod shards;
 pub mod workload;
 
-pub use cluster::{Cluster, external_nodes, manager, reach_every_node, resource, warm};
+pub use cluster::{
+    Cluster, external_nodes, manager, reach_every_node, releases_drained, resource, warm,
+};
 pub use server::RedisServer;
 pub use shards::{Migration, RedisCluster, RedisClusters};
