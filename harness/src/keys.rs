@@ -46,6 +46,12 @@ pub fn waiters(lock_key: &str) -> Vec<u8> {
     derived(lock_key.as_bytes(), b"waiters")
 }
 
+/// The flag a waiting manager keeps on a lock key while it waits for it
+/// (the release's gate): the key, `0xFF`, `waiting`.
+pub fn waiting(lock_key: &str) -> Vec<u8> {
+    derived(lock_key.as_bytes(), b"waiting")
+}
+
 /// The hand-off marker a release that named a successor leaves for 30 s:
 /// the lock key, `0xFF`, `handoff`.
 pub fn handoff(lock_key: &str) -> Vec<u8> {
@@ -86,6 +92,7 @@ mod tests {
         assert_eq!(generation(""), b"\xFFgeneration");
         assert_eq!(waiters("k"), b"k\xFFwaiters");
         assert_eq!(handoff("k"), b"k\xFFhandoff");
+        assert_eq!(waiting("k"), b"k\xFFwaiting");
         assert_eq!(release_channel("k"), b"k\xFFreleased");
         assert_eq!(own_channel_pattern(), b"*released\xFF*");
         assert!(is_counter(&counter("p")) && !is_counter(&legacy_counter("p")));
@@ -100,6 +107,7 @@ mod tests {
             generation("x"),
             waiters("x"),
             handoff("x"),
+            waiting("x"),
             release_channel("x"),
         ] {
             assert!(std::str::from_utf8(&name).is_err(), "{name:?}");

@@ -21,6 +21,11 @@
 //! - The managers waiting for a lock key `K` are a hash named `K`, `0xFF`,
 //!   `waiters` ([`waiters_key`]), which the release reads to name a
 //!   successor.
+//! - A key `K` someone may wait for on a node has the flag `K`, `0xFF`,
+//!   `waiting` there ([`waiting_key`]), set by each waiting manager's link
+//!   before its waiters rely on that node, renewed with its registrations
+//!   and deleted by the release together with `K` (one `DEL`): the
+//!   release's cheap gate, see [`UNLOCK`](crate::protocol::scripts::UNLOCK).
 //! - The last release of `K` that named a successor leaves its message in
 //!   `K`, `0xFF`, `handoff` for 30 s, for the releaser's hand-off check
 //!   ([`HANDOFF_CHECK`](crate::protocol::scripts::HANDOFF_CHECK)).
@@ -99,6 +104,20 @@ pub(crate) fn waiters_key(lock_key: &[u8]) -> Vec<u8> {
     key.extend_from_slice(lock_key);
     key.push(SEPARATOR);
     key.extend_from_slice(WAITERS_SUFFIX);
+    key
+}
+
+/// The bytes after a lock key in the name of its waiting flag.
+const WAITING_SUFFIX: &[u8] = b"waiting";
+
+/// The flag of a lock key `K` that someone may wait for: `K`, then `0xFF`,
+/// then `waiting` (see the module docs). It is the release's gate: a
+/// release that deletes `K` and finds no flag publishes nothing.
+pub(crate) fn waiting_key(lock_key: &[u8]) -> Vec<u8> {
+    let mut key = Vec::with_capacity(lock_key.len() + 1 + WAITING_SUFFIX.len());
+    key.extend_from_slice(lock_key);
+    key.push(SEPARATOR);
+    key.extend_from_slice(WAITING_SUFFIX);
     key
 }
 

@@ -34,27 +34,47 @@ pub(crate) use sharded::{HANDOFF_CHECK_SHARD, SET_PTTL, UNLOCK_SHARD};
 /// rounds that find the real holder (two contenders' partial releases could
 /// wake each other forever).
 ///
+/// **The gate.** The key is deleted together with its waiting flag
+/// ([`waiting_key`](crate::protocol::keys::waiting_key)), in one `DEL`: a
+/// count of 1 means no manager flagged the key, nobody may wait, and the
+/// release costs the node what the classic token-checked unlock costs. A
+/// waiting manager's link sets the flag on a node after subscribing the
+/// key's channel there and before its waiters count that node as
+/// subscribed, and renews it every [`LEASE`](crate::protocol::timing::LEASE)
+/// / 3 while it stays subscribed (`engine::wait::link`). Where the flag
+/// was there, the release asks `PUBSUB NUMSUB` whether anyone still
+/// subscribes the key's channel: if so, it sets the flag again (the
+/// managers it does not wake still wait, and their next release must find
+/// it) and publishes ([`released`]); if not, it leaves the flag deleted.
+/// So every release made while some manager's subscription is confirmed
+/// publishes; `model/src/gate.rs` checks this, and the schedules that lose
+/// a wake-up without the flag's order or its setting again.
+///
 /// The publish is a `pcall`: a user whose ACL denies `PUBLISH` on the
-/// channel still releases (its waiters fall back to the timed retry). A
-/// key nobody waits for costs the node one `PUBSUB NUMSUB` more than the
-/// classic unlock, and no publish (see [`unlock_many`]).
+/// channel still releases (its waiters fall back to the timed retry).
 pub(crate) static UNLOCK: LazyLock<Script> = LazyLock::new(|| {
     let released = released("publish");
+    let lease = crate::protocol::timing::LEASE.as_millis();
     Script::new(&format!(
         r#"if redis.call("get", KEYS[1]) == ARGV[1] then
-    local deleted = redis.call("del", KEYS[1])
-    if ARGV[2] ~= "quiet" then
-        -- the gate of unlock_many, inline
-        local channel = KEYS[1] .. "\255released"
-        local n = redis.pcall("pubsub", "numsub", channel)
-        if type(n) ~= "table" or n.err ~= nil or n[2] ~= 0 then
-            {released}
-            if released(channel, KEYS[1] .. "\255waiters", KEYS[1] .. "\255handoff") then
-                return 2
-            end
+    if ARGV[2] == "quiet" then
+        return redis.call("del", KEYS[1])
+    end
+    local flag = KEYS[1] .. "\255waiting"
+    if redis.call("del", KEYS[1], flag) == 1 then
+        return 1
+    end
+    -- flagged: the gate of unlock_many, then the flag again
+    local channel = KEYS[1] .. "\255released"
+    local n = redis.pcall("pubsub", "numsub", channel)
+    if type(n) ~= "table" or n.err ~= nil or n[2] ~= 0 then
+        redis.pcall("set", flag, "1", "PX", {lease})
+        {released}
+        if released(channel, KEYS[1] .. "\255waiters", KEYS[1] .. "\255handoff") then
+            return 2
         end
     end
-    return deleted
+    return 1
 else
     return 0
 end"#

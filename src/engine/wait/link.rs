@@ -270,10 +270,21 @@ async fn serve(
                 if node.remade.load(std::sync::atomic::Ordering::Relaxed) != remade {
                     return Ended::Broken;
                 }
-                let cmds = session
-                    .owned
+                // The waiting flags of every key still subscribed here
+                // (a release that finds one sets it again while anyone
+                // subscribes), then the registrations.
+                let flags = session
+                    .actual
                     .iter()
-                    .map(|c| register::register(&sub.wire(c), &id, lease))
+                    .filter(|_| !node.is_cluster())
+                    .map(|c| register::flag(c, lease));
+                let cmds = flags
+                    .chain(
+                        session
+                            .owned
+                            .iter()
+                            .map(|c| register::register(&sub.wire(c), &id, lease)),
+                    )
                     .collect();
                 let _ = side.try_send(cmds);
                 Ok(())
@@ -452,6 +463,26 @@ async fn queue_commands(node: &Node, cmds: Vec<redis::Cmd>, cluster: bool) {
     .await;
 }
 
+/// Sets the waiting flags `flags` ([`register::flag`]) on the node's
+/// ordinary connection, in one pipeline, and waits for the node's answer.
+/// A denial (an ACL that does not allow `SET` on the flag) counts as a
+/// denied subscription: waiters there use the timed retry.
+async fn queue_flags(node: &Node, flags: impl Iterator<Item = redis::Cmd>) -> Result<(), Ended> {
+    let mut pipe = redis::pipe();
+    for flag in flags {
+        pipe.add_command(flag).ignore();
+    }
+    let conn = node.connection().await.map_err(|_| Ended::Broken)?;
+    let mut conn = conn.conn;
+    pipe.query_async::<()>(&mut conn).await.map_err(|e| {
+        if e.code() == Some("NOPERM") {
+            Ended::Denied
+        } else {
+            Ended::Broken
+        }
+    })
+}
+
 /// What one subscription connection has subscribed.
 struct Session {
     /// The keys' release channels.
@@ -498,9 +529,23 @@ async fn subscribe(
             Ended::Broken
         }
     };
+    let Some(lease) = shared.upgrade().map(|s| s.lease) else {
+        return Err(Ended::Closed);
+    };
     for chunk in channels.chunks(BATCH) {
         bounded(async { sub.subscribe(chunk).await.map_err(denied) }).await?;
         session.actual.extend(chunk.iter().cloned());
+        // The flags before the confirmation: a waiter's next attempt
+        // reaches the node after them, so the release of a holder it finds
+        // there finds a flag, and publishes.
+        let node = match shared.upgrade() {
+            Some(strong) => strong.nodes[index].clone(),
+            None => return Err(Ended::Closed),
+        };
+        if !node.is_cluster() {
+            let flags = chunk.iter().map(|c| register::flag(c, lease));
+            bounded(queue_flags(&node, flags)).await?;
+        }
         let Some(strong) = shared.upgrade() else {
             return Err(Ended::Closed);
         };
@@ -516,7 +561,7 @@ async fn subscribe(
         if !session.named {
             continue;
         }
-        let (id, lease) = (strong.id.clone(), strong.lease);
+        let id = strong.id.clone();
         drop(strong);
         let own: Vec<Vec<u8>> = chunk
             .iter()

@@ -1,6 +1,7 @@
 //! A waiting manager's requests about its registrations, sent by its link
 //! on each node (see [`crate::engine::wait`]): the registration in a key's
-//! waiting hash, its removal, and a release passed on to every manager.
+//! waiting hash, its removal, the key's waiting flag, and a release passed
+//! on to every manager.
 
 use std::time::Duration;
 
@@ -17,6 +18,17 @@ pub(crate) fn register(channel: &[u8], id: &str, lease: Duration) -> redis::Cmd 
         .arg(1)
         .arg(keys::waiters_key(keys::channel_lock_key(channel)))
         .arg(id)
+        .arg(lease.as_millis() as u64);
+    cmd
+}
+
+/// The waiting flag of `channel`'s key ([`keys::waiting_key`]), set for
+/// `lease`: the release publishes only where it finds one.
+pub(crate) fn flag(channel: &[u8], lease: Duration) -> Cmd {
+    let mut cmd = redis::cmd("SET");
+    cmd.arg(keys::waiting_key(keys::channel_lock_key(channel)))
+        .arg(1)
+        .arg("PX")
         .arg(lease.as_millis() as u64);
     cmd
 }
@@ -57,5 +69,15 @@ mod tests {
         assert_eq!(args[5], b"6000");
         let args = unregister(&channel, "id").args_iter().count();
         assert_eq!(args, 3);
+        let flag = flag(&channel, Duration::from_secs(6));
+        let args: Vec<Vec<u8>> = flag
+            .args_iter()
+            .map(|a| match a {
+                redis::Arg::Simple(b) => b.to_vec(),
+                _ => Vec::new(),
+            })
+            .collect();
+        assert_eq!(args[1], keys::waiting_key(b"k"));
+        assert_eq!(args[4], b"6000");
     }
 }
