@@ -72,7 +72,7 @@
 //!   published, who is woken and the releaser's hand-off check are in
 //!   `docs/waiting.md` at the top of the repository.
 //! - Scripts run by `EVALSHA`, loaded again when the node answers
-//!   `NOSCRIPT`.
+//!   `NOSCRIPT` (a cluster node's master is sent the script with `EVAL`).
 //!
 //! # Failures
 //! - A node that timed out, could not be reached, or answered `BUSY`,

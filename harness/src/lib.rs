@@ -13,7 +13,8 @@
 //! - [`shards`]: real Redis Clusters ([`RedisCluster`], formed without
 //!   redis-cli) and groups of them ([`RedisClusters`]), the nodes of
 //!   Redlock over clusters: slot of a key, owner of a slot, slot migration
-//!   (whole or half-way), master kill, pause and failover.
+//!   (whole or half-way), master kill, pause and failover, replicas made
+//!   known to clients and paused.
 //! - [`raw`]: raw key checks on one node by URL (exists, ttl, value, keys).
 //! - [`keys`]: the names the library derives from a lock key or a key
 //!   prefix (fencing counter, generation marker, waiters, hand-off, release

@@ -500,9 +500,77 @@ impl RedisCluster {
         self.nodes[m].paused = true;
     }
 
-    /// Resumes every paused node of shard `i`: master `i`, or the former
-    /// master a failover replaced (which then learns that it was replaced
-    /// and turns into a replica of the new one).
+    /// Makes every live replica known to a client that connects from now
+    /// on: writes to each master (`SET` and `DEL` of a key in its slots),
+    /// then waits until every live master's `CLUSTER SLOTS` names every
+    /// live replica. Redis leaves out of `CLUSTER SLOTS` a replica that
+    /// has replicated nothing yet (its replication offset is 0), as every
+    /// replica of a cluster just formed and never written to is; a client
+    /// connected before then does not know the replicas, and sends them
+    /// nothing, not even what it sends to every node (`SCRIPT LOAD`).
+    ///
+    /// # Panics
+    /// When a master does not answer, or the replicas are not listed
+    /// within 30 s.
+    pub fn list_replicas(&self) {
+        let first = self.nodes[self.masters[0]].port();
+        let owners = owners(&view(first).unwrap_or_else(|e| panic!("{e}")));
+        for &m in &self.masters {
+            let node = &self.nodes[m];
+            let key = (0u64..)
+                .map(|n| format!("harness-replicated-{n}"))
+                .find(|k| owner_in(&owners, Self::slot(k.as_bytes())) == Some(node.id.as_str()))
+                .expect("every master owns a slot");
+            must::<()>(node.port(), redis::cmd("SET").arg(&key).arg(1));
+            must::<()>(node.port(), redis::cmd("DEL").arg(&key));
+        }
+        let replicas: Vec<&str> = self
+            .nodes
+            .iter()
+            .enumerate()
+            .filter(|&(k, n)| self.masters[n.shard] != k && n.live())
+            .map(|(_, n)| n.id.as_str())
+            .collect();
+        settle("CLUSTER SLOTS to name every replica", || {
+            for &m in &self.masters {
+                let port = self.nodes[m].port();
+                let slots: redis::Value = query(port, redis::cmd("CLUSTER").arg("SLOTS"))?;
+                let listed = slot_node_ids(&slots);
+                if let Some(missing) = replicas.iter().find(|id| !listed.contains(id)) {
+                    return Err(format!("node {port} does not list replica {missing}"));
+                }
+            }
+            Ok(())
+        });
+    }
+
+    /// Pauses one replica of master `i` with SIGSTOP (the first that is
+    /// running and not paused) and returns its port: the master goes on
+    /// serving its slots, and a command that redis-rs sends to every node
+    /// of the cluster (`SCRIPT LOAD`) waits for an answer that does not
+    /// come. [`RedisCluster::resume_master`] resumes it; a drop kills it,
+    /// paused or not.
+    ///
+    /// # Panics
+    /// When master `i` has no such replica.
+    pub fn pause_replica(&mut self, i: usize) -> u16 {
+        let m = self.masters[i];
+        let node = self
+            .nodes
+            .iter_mut()
+            .enumerate()
+            .find(|(k, n)| *k != m && n.shard == i && n.live())
+            .map(|(_, n)| n)
+            .unwrap_or_else(|| panic!("master {i} has no live replica to pause"));
+        node.server.pause();
+        node.paused = true;
+        node.port()
+    }
+
+    /// Resumes every paused node of shard `i`: master `i`, a replica
+    /// ([`RedisCluster::pause_replica`]), or the former master a failover
+    /// replaced (which then learns that it was replaced and turns into a
+    /// replica of the new one).
     pub fn resume_master(&mut self, i: usize) {
         for node in self.nodes.iter_mut().filter(|n| n.shard == i && n.paused) {
             node.server.resume();
@@ -925,6 +993,29 @@ fn owners(lines: &[Line]) -> Vec<(u16, u16, String)> {
         }
     }
     merged
+}
+
+/// The node ids a `CLUSTER SLOTS` reply names: each range is `[start,
+/// end, master, replica, ...]`, each node `[host, port, id, ...]`.
+fn slot_node_ids(reply: &redis::Value) -> Vec<&str> {
+    let redis::Value::Array(ranges) = reply else {
+        return Vec::new();
+    };
+    ranges
+        .iter()
+        .filter_map(|range| match range {
+            redis::Value::Array(parts) => Some(parts.iter().skip(2)),
+            _ => None,
+        })
+        .flatten()
+        .filter_map(|node| match node {
+            redis::Value::Array(fields) => match fields.get(2) {
+                Some(redis::Value::BulkString(id)) => std::str::from_utf8(id).ok(),
+                _ => None,
+            },
+            _ => None,
+        })
+        .collect()
 }
 
 /// The owner of `slot` in [`owners`]' ranges.

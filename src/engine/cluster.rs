@@ -10,8 +10,9 @@ use std::sync::Arc;
 use futures::StreamExt;
 
 use crate::engine::node::Node;
+use crate::engine::send;
 use crate::protocol::generation::Generation;
-use crate::protocol::request::shard;
+use crate::protocol::request::{Kind, Marked, Request, shard};
 use crate::protocol::scripts;
 
 /// How many marker requests one cluster node gets at once.
@@ -72,16 +73,16 @@ async fn mark_node(node: Arc<Node>, marker: Vec<u8>, candidate: String) {
         let results: Vec<bool> = futures::stream::iter(slots)
             .map(|slot| {
                 let mut conn = conn.clone();
-                let key = shard::in_slot(&marker, slot);
-                let candidate = candidate.as_str();
-                async move {
-                    scripts::MARKER_INIT
-                        .key(key)
-                        .arg(candidate)
-                        .invoke_async::<Value>(&mut conn)
-                        .await
-                        .is_ok()
-                }
+                // Sent as a round's scripts are, so that a master that
+                // answers `NOSCRIPT` gets `EVAL` (see `send`).
+                let request = Request::Script {
+                    script: &scripts::MARKER_INIT,
+                    keys: Arc::from([shard::in_slot(&marker, slot)]),
+                    args: Arc::from([candidate.as_bytes().to_vec()]),
+                    kind: Kind::Other,
+                    marked: Marked::No,
+                };
+                async move { send::run(&request, None, &mut conn).await.is_ok() }
             })
             .buffer_unordered(MARKERS_AT_ONCE)
             .collect()

@@ -12,8 +12,8 @@
 //!   was sent again meanwhile (a fallback form, a fresh connection):
 //!   see [`InFlight::queued_on`] and [`InFlight::still_behind`];
 //! - **after it settled**, in every other case (not yet sent, sent on a
-//!   connection since replaced, a form that may be sent again inside
-//!   redis-rs such as a script's `NOSCRIPT` reload, a cluster node).
+//!   connection since replaced, a form that may be sent again such as a
+//!   script after `NOSCRIPT`, a cluster node).
 //!
 //! Queued behind, a release right after a grant costs no round trip more
 //! than the release alone: it is on the wire behind the `SET`s still in

@@ -3,6 +3,18 @@
 //! the `NOSCRIPT` fallback), the durable write with its confirmation in one
 //! pipeline, and a cluster node's request, cut per hash slot when its keys
 //! span several.
+//!
+//! # `NOSCRIPT`
+//! A node that answers `EVALSHA` with `NOSCRIPT` (restarted, `SCRIPT
+//! FLUSH`, a replica just promoted) gets the script once more. A standalone
+//! node loads it (`SCRIPT LOAD`) and runs `EVALSHA` again on the same
+//! connection. A cluster node is sent `EVAL` with the script's source
+//! instead, routed by its keys to the slot's master, which caches the
+//! script there: redis-rs's cluster client sends `SCRIPT LOAD` to every
+//! node of the cluster, replicas included, and fails it unless all of them
+//! answer, so one silent node (a paused replica, an old master paused
+//! through a failover) would keep the script from being loaded until the
+//! cluster forgot that node.
 
 use std::future::Future;
 
@@ -13,6 +25,7 @@ use crate::engine::node::NodeConn;
 use crate::protocol::durability::Durability;
 use crate::protocol::error::NodeError;
 use crate::protocol::request::{Marked, Request};
+use crate::protocol::scripts::Script;
 
 /// Sends `request` on `conn` and reads the raw reply. A marked script gets
 /// `known` (the node's known generation, or nothing) as its last argument.
@@ -162,15 +175,21 @@ async fn run_plain(
             marked,
             ..
         } => {
-            // `EVALSHA` built here, with the `NOSCRIPT` fallback of
-            // `invoke_async`: a `ScriptInvocation` copies every key and
-            // argument twice more (a twentieth of a cycle's client time).
+            // `EVALSHA` built here, with the `NOSCRIPT` fallback (see the
+            // module docs): redis-rs's `ScriptInvocation` copies every key
+            // and argument twice more (a twentieth of a cycle's client
+            // time), and its fallback is `SCRIPT LOAD`.
             let evalsha = evalsha(script, keys, args, *marked, known);
             match evalsha.query_async(conn).await {
                 Err(e)
                     if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
                 {
-                    script.load_async(conn).await?;
+                    if conn.is_cluster() {
+                        // Boxed: the fallback's state stays out of every
+                        // request's future.
+                        return Box::pin(run_eval(script, keys, args, *marked, known, conn)).await;
+                    }
+                    load(script).query_async::<()>(conn).await?;
                     evalsha.query_async(conn).await
                 }
                 other => other,
@@ -179,10 +198,57 @@ async fn run_plain(
     }
 }
 
+/// A cluster node's answer to `NOSCRIPT`: `EVAL` of `script`'s source (see
+/// the module docs).
+async fn run_eval(
+    script: &Script,
+    keys: &[Vec<u8>],
+    args: &[Vec<u8>],
+    marked: Marked,
+    known: Option<&[u8]>,
+    conn: &mut NodeConn,
+) -> RedisResult<Value> {
+    eval(script, keys, args, marked, known)
+        .query_async(conn)
+        .await
+}
+
+/// `SCRIPT LOAD` of `script`: a standalone node's answer to `NOSCRIPT`.
+fn load(script: &Script) -> redis::Cmd {
+    let mut cmd = redis::cmd("SCRIPT");
+    cmd.arg("LOAD").arg(script.source());
+    cmd
+}
+
 /// `EVALSHA` of `script` over `keys` and `args`, with the known generation
 /// last for a marked script, sized ahead.
 fn evalsha(
-    script: &redis::Script,
+    script: &Script,
+    keys: &[Vec<u8>],
+    args: &[Vec<u8>],
+    marked: Marked,
+    known: Option<&[u8]>,
+) -> redis::Cmd {
+    invocation("EVALSHA", script.hash(), keys, args, marked, known)
+}
+
+/// `EVAL` of `script`'s source, otherwise as [`evalsha`].
+fn eval(
+    script: &Script,
+    keys: &[Vec<u8>],
+    args: &[Vec<u8>],
+    marked: Marked,
+    known: Option<&[u8]>,
+) -> redis::Cmd {
+    invocation("EVAL", script.source(), keys, args, marked, known)
+}
+
+/// `verb` (`EVALSHA` or `EVAL`) of `script` (its hash or its source) over
+/// `keys` and `args`, with the known generation last for a marked script,
+/// sized ahead.
+fn invocation(
+    verb: &str,
+    script: &str,
     keys: &[Vec<u8>],
     args: &[Vec<u8>],
     marked: Marked,
@@ -192,9 +258,9 @@ fn evalsha(
     let bytes: usize = keys.iter().chain(args.iter()).map(Vec::len).sum();
     let mut cmd = redis::Cmd::with_capacity(
         3 + keys.len() + args.len() + extra,
-        7 + 40 + 20 + bytes + known.map_or(0, <[u8]>::len),
+        verb.len() + script.len() + 20 + bytes + known.map_or(0, <[u8]>::len),
     );
-    cmd.arg("EVALSHA").arg(script.get_hash()).arg(keys.len());
+    cmd.arg(verb).arg(script).arg(keys.len());
     for key in keys {
         cmd.arg(key.as_slice());
     }
@@ -220,19 +286,22 @@ async fn run_pipe(pipe: &redis::Pipeline, conn: &mut NodeConn) -> RedisResult<Va
 }
 
 /// Runs `write` and the durability confirmation in one pipeline (one round
-/// trip). `EVALSHA` answered with `NOSCRIPT` loads the script and sends the
-/// pipeline once more. The write's reply comes back when the node confirmed
-/// it; [`NodeError::NotDurable`] when the node answered but did not confirm
-/// in time (the write may be there: the node counts as unknown), and
-/// [`NodeError::Durability`] when it cannot confirm at all (the command is
-/// unknown there, or AOF is off for `WAITAOF`).
+/// trip). `EVALSHA` answered with `NOSCRIPT` sends the pipeline once more:
+/// after `SCRIPT LOAD` on a standalone node, with `EVAL` of the source in
+/// place of `EVALSHA` on a cluster node (see the module docs). The write's
+/// reply comes back when the node confirmed it; [`NodeError::NotDurable`]
+/// when the node answered but did not confirm in time (the write may be
+/// there: the node counts as unknown), and [`NodeError::Durability`] when
+/// it cannot confirm at all (the command is unknown there, or AOF is off
+/// for `WAITAOF`).
 async fn run_durable(
     write: &Request,
     durability: Durability,
     known: Option<&[u8]>,
     conn: &mut NodeConn,
 ) -> Result<Value, NodeError> {
-    let mut loaded = false;
+    // Whether the node answered `NOSCRIPT` once already.
+    let mut noscript = false;
     loop {
         let mut pipe = redis::pipe();
         pipe.ignore_errors();
@@ -253,7 +322,11 @@ async fn run_durable(
                 marked,
                 ..
             } => {
-                pipe.add_command(evalsha(script, keys, args, *marked, known));
+                pipe.add_command(if noscript && conn.is_cluster() {
+                    eval(script, keys, args, *marked, known)
+                } else {
+                    evalsha(script, keys, args, *marked, known)
+                });
             }
             Request::Durable { .. } | Request::Pipe(_) => {
                 unreachable!("a durable request wraps a command or a script")
@@ -270,13 +343,14 @@ async fn run_durable(
             replies.try_into().map_err(|_| NodeError::NotDurable)?;
         if let Value::ServerError(error) = &reply {
             match write {
-                Request::Script { script, .. } if error.code() == "NOSCRIPT" && !loaded => {
-                    script
-                        .prepare_invoke()
-                        .load_async(conn)
-                        .await
-                        .map_err(NodeError::from_redis)?;
-                    loaded = true;
+                Request::Script { script, .. } if error.code() == "NOSCRIPT" && !noscript => {
+                    if !conn.is_cluster() {
+                        load(script)
+                            .query_async::<()>(conn)
+                            .await
+                            .map_err(NodeError::from_redis)?;
+                    }
+                    noscript = true;
                     continue;
                 }
                 _ => return Err(NodeError::from_redis(error.clone().into())),

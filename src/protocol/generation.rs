@@ -39,9 +39,11 @@
 
 use std::time::Duration;
 
-use redis::{Script, Value};
+use redis::Value;
 
 use crate::protocol::quorum::Reply;
+// The type's own module: `scripts` imports this one.
+use crate::protocol::scripts::script::Script;
 
 /// The Lua lines every marker-carrying script starts with; see the module
 /// docs. Defines the locals `generation` (the node's generation string) and

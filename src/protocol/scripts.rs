@@ -6,18 +6,21 @@
 //! comparison and the write (a `GET` followed by a `DEL` from the client could
 //! delete a lock that changed hands in between). They are invoked with
 //! `EVALSHA` and, when the node answers `NOSCRIPT` (a restarted node,
-//! `SCRIPT FLUSH`), loaded and retried once.
+//! `SCRIPT FLUSH`), loaded and retried once, or on a cluster node sent
+//! once more with `EVAL` ([`Script`] keeps each script's source for it;
+//! see [`send`](crate::engine::send)).
 //!
 //! The key and channel names they use are in [`keys`](crate::protocol::keys).
 
 use std::sync::LazyLock;
 
-use redis::Script;
-
 use crate::protocol::generation;
 
+pub(crate) mod script;
 #[cfg(feature = "cluster")]
 mod sharded;
+
+pub(crate) use script::Script;
 #[cfg(feature = "cluster")]
 pub(crate) use sharded::{HANDOFF_CHECK_SHARD, SET_PTTL, UNLOCK_SHARD};
 

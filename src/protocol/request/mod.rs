@@ -55,13 +55,14 @@
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
-use redis::{Cmd, Script, Value};
+use redis::{Cmd, Value};
 
 use crate::protocol::durability::Durability;
 use crate::protocol::generation::Generation;
 use crate::protocol::quorum::Reply;
 #[cfg(test)]
 use crate::protocol::scripts;
+use crate::protocol::scripts::Script;
 
 pub(crate) mod acquire;
 pub(crate) mod check;
@@ -159,9 +160,9 @@ impl Request {
     }
 
     /// Whether a standalone node's connection gets the request once, as it
-    /// is: a command or a pipeline. A script is not (redis-rs sends it again
-    /// after loading it, when the node answers `NOSCRIPT`), so a later
-    /// request on the lock waits for it to settle (see
+    /// is: a command or a pipeline. A script is not (it is sent again after
+    /// loading it, when the node answers `NOSCRIPT`), so a later request on
+    /// the lock waits for it to settle (see
     /// [`inflight`](crate::engine::inflight)).
     pub(crate) fn sent_once(&self) -> bool {
         match self {

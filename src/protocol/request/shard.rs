@@ -35,7 +35,7 @@ use redis::Value;
 use super::{Marked, Request};
 use crate::protocol::error::NodeError;
 use crate::protocol::keys::SEPARATOR;
-use crate::protocol::scripts;
+use crate::protocol::scripts::{self, Script};
 
 /// How the replies of a split request's parts make the node's reply.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -160,8 +160,7 @@ pub(crate) fn localize(request: &Request) -> Option<Request> {
                 };
                 vec![token, quiet, tag]
             };
-            let sharded: &'static redis::Script = if std::ptr::eq(*script, &*scripts::HANDOFF_CHECK)
-            {
+            let sharded: &'static Script = if std::ptr::eq(*script, &*scripts::HANDOFF_CHECK) {
                 &scripts::HANDOFF_CHECK_SHARD
             } else {
                 &scripts::UNLOCK_SHARD
@@ -203,7 +202,7 @@ pub(crate) fn localize(request: &Request) -> Option<Request> {
 /// it becomes [`scripts::UNLOCK_SHARD`] or
 /// [`scripts::HANDOFF_CHECK_SHARD`], which name the waiting protocol's
 /// channels and keys in the lock keys' slot and publish with `SPUBLISH`.
-fn is_release(script: &redis::Script) -> bool {
+fn is_release(script: &Script) -> bool {
     [
         &*scripts::UNLOCK,
         &*scripts::UNLOCK_MANY,
@@ -269,7 +268,7 @@ pub(crate) fn split(request: &Request) -> Result<Option<Split>, NodeError> {
     if groups.len() <= 1 {
         return Ok(None);
     }
-    let is = |one: &LazyLock<redis::Script>| std::ptr::eq(script, &**one);
+    let is = |one: &LazyLock<Script>| std::ptr::eq(script, &**one);
     // The marked scripts name the marker last: each part names it too.
     let combine = if is(&scripts::ACQUIRE_MANY) || is(&scripts::ACQUIRE_MANY_MARKED) {
         Combine::Acquire

@@ -3,9 +3,7 @@
 
 use std::sync::LazyLock;
 
-use redis::Script;
-
-use super::{handoff_check, unlock_many};
+use super::{Script, handoff_check, unlock_many};
 
 /// The release on a cluster node (feature `cluster`): [`UNLOCK_MANY`](super::UNLOCK_MANY) over
 /// lock keys of one hash slot, whose names of the waiting protocol are in

@@ -3,7 +3,10 @@
 use super::*;
 use crate::protocol::request::{Kind, Marked, script};
 
-fn many(script_: &'static std::sync::LazyLock<redis::Script>, keys: &[&str]) -> Request {
+fn many(
+    script_: &'static std::sync::LazyLock<crate::protocol::scripts::Script>,
+    keys: &[&str],
+) -> Request {
     let keys: Vec<&[u8]> = keys.iter().map(|k| k.as_bytes()).collect();
     script(Kind::Other, script_, script_, &keys, &[b"tok", b"1000"])
 }
@@ -183,7 +186,7 @@ fn a_release_on_a_cluster_names_the_waiting_protocol_in_its_slot() {
         Request::Script {
             script, keys, args, ..
         } => (
-            *script as *const redis::Script,
+            *script as *const crate::protocol::scripts::Script,
             keys.to_vec(),
             args.to_vec(),
         ),
