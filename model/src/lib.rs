@@ -36,10 +36,17 @@
 //! each at some later step (replication lags), and a failover rolls the
 //! node's data back to the replica's ([`Action::Failover`]). Agreement is
 //! plain or acknowledged by the replica (`WAIT 1`, [`Agreement`]).
+//!
+//! The release gate of the waiting protocol ([`gate`]): a second, small
+//! model, of one standalone node and the managers that wait on it, which
+//! checks that a release that skips its publish never leaves a waiter
+//! asleep. It shares [`check_model`] and [`Run`] with this one.
 
 use std::fmt::Write as _;
 
 use stateright::{Checker, Model, Path, Property};
+
+pub mod gate;
 
 /// Which fencing-token scheme the model runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -2285,13 +2292,48 @@ pub enum Search {
     Random { seed: u64, seconds: u64 },
 }
 
+/// A model whose counterexample paths print as readable traces, so that
+/// [`check_model`] can run it.
+pub trait Traced: Model {
+    /// The path as text: the initial state, then each action and the state
+    /// after it.
+    fn trace(&self, path: &Path<Self::State, Self::Action>) -> String;
+}
+
+impl Traced for LockModel {
+    fn trace(&self, path: &Path<State, Action>) -> String {
+        LockModel::trace(self, path)
+    }
+}
+
 /// Runs the checker on `cfg` and reports every discovery.
 ///
 /// With `stop_at`, the search ends as soon as that property has a
 /// discovery (for the negative models); otherwise it ends when every
 /// property has one or the space is exhausted.
 pub fn check(cfg: Cfg, search: Search, threads: usize, stop_at: Option<&'static str>) -> Run {
-    let model = LockModel::new(cfg);
+    check_model(LockModel::new(cfg), search, threads, stop_at)
+}
+
+/// [`check`] for any traced model (the lock model, or the release gate of
+/// [`gate`]): one home for the search and its report.
+///
+/// Stateright keeps, for each property, the *last* discovery it meets, not
+/// the first: a search that goes on after a counterexample (no `stop_at`,
+/// or another property still awaited) may report a longer trace than the
+/// shortest. For a short trace, stop at the property (on one thread, BFS
+/// finds the shortest).
+pub fn check_model<M>(
+    model: M,
+    search: Search,
+    threads: usize,
+    stop_at: Option<&'static str>,
+) -> Run
+where
+    M: Traced + Clone + Send + Sync + 'static,
+    M::State: std::hash::Hash + Send + Sync + Clone + PartialEq + 'static,
+    M::Action: Clone + PartialEq,
+{
     let t = std::time::Instant::now();
     let mut builder = model.clone().checker().threads(threads);
     if let Some(name) = stop_at {
