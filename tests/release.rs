@@ -194,9 +194,11 @@ async fn release_retries_are_one_task_per_node_and_end_with_the_manager() {
 }
 
 /// A release nobody waits for publishes nothing and reads no waiters'
-/// hash: the unlock script asks first whether anyone subscribes the key's
-/// release channel. A release that a subscriber watches is still published
-/// on every node.
+/// hash: the unlock script deletes the key with its waiting flag, and
+/// goes on only where it deleted a flag. A subscriber that set no flag
+/// (not a waiting manager of this crate) is not told; one that flagged the
+/// key on every node, as a waiting manager's link does, is told by every
+/// node.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_publishes_only_where_someone_subscribes() {
     const CYCLES: u64 = 20;
@@ -244,6 +246,24 @@ async fn a_release_publishes_only_where_someone_subscribes() {
                 let _ = tx.send(url);
             }
         }));
+    }
+    let lock = redlock.try_lock(&watched, TTL).await.unwrap();
+    assert_eq!(redlock.unlock(&lock).await.unwrap(), 3);
+    for url in cluster.urls() {
+        assert_eq!(calls(url, "publish"), 0, "{url}: published with no flag");
+    }
+    for url in cluster.urls() {
+        let mut conn = redis::Client::open(url.as_str())
+            .unwrap()
+            .get_connection()
+            .unwrap();
+        let _: () = redis::cmd("SET")
+            .arg(keys::waiting(&watched))
+            .arg(1)
+            .arg("PX")
+            .arg(10_000)
+            .query(&mut conn)
+            .unwrap();
     }
     let lock = redlock.try_lock(&watched, TTL).await.unwrap();
     assert_eq!(redlock.unlock(&lock).await.unwrap(), 3);

@@ -191,3 +191,58 @@ async fn each_release_wakes_a_manager_while_managers_wait() {
         );
     }
 }
+
+/// A flag lost while a manager waits (evicted under `maxmemory`, flushed,
+/// or lapsed while the node stood still): the holder's release finds none
+/// and publishes nothing, and the manager's next renewal of the flag (every
+/// 2 s) finds it gone, sets it again and wakes its waiters, which try
+/// again. Without that, the waiter sleeps until its 30 s poll.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flag_lost_while_waiting_wakes_the_waiter_at_the_next_renewal() {
+    let cluster = Cluster::start(3);
+    let holder = cluster.redlock();
+    let waiter = slow_poller(&cluster);
+    let res = resource("lost-flag");
+    let lock = holder.lock(&res, TTL).await.unwrap();
+    let waiting = {
+        let (waiter, res) = (waiter.clone(), res.clone());
+        tokio::spawn(async move { waiter.lock_within(&res, TTL, PATIENCE).await })
+    };
+    assert!(
+        cluster.eventually(Duration::from_secs(5), |c| (0..c.len()).all(|i| flagged(
+            c, i, &res
+        ) && subscribers(
+            c, i, &res
+        )
+            == 1)),
+        "the waiter subscribed and flagged the key on every node"
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for i in 0..cluster.len() {
+        let _: i64 = redis::cmd("DEL")
+            .arg(keys::waiting(&res))
+            .query(&mut cluster.conn(i))
+            .unwrap();
+    }
+    reset_stats(&cluster);
+    let released = Instant::now();
+    holder.unlock(&lock).await.unwrap();
+    for i in 0..cluster.len() {
+        assert_eq!(
+            calls(&cluster, i, "publish"),
+            0,
+            "node {i}: no flag, no publish"
+        );
+    }
+    let lock = waiting.await.unwrap().expect("woken after the renewal");
+    let gap = released.elapsed();
+    println!("flag lost: release -> grant {gap:?}");
+    assert!(
+        gap < NOTIFIED,
+        "woken by the renewal, not the 30 s poll: {gap:?}"
+    );
+    for i in 0..cluster.len() {
+        assert!(flagged(&cluster, i, &res) || subscribers(&cluster, i, &res) == 0);
+    }
+    waiter.unlock(&lock).await.unwrap();
+}

@@ -9,8 +9,8 @@ use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
-use tokio::task::JoinHandle;
 
+use super::side::{self, Side};
 use super::state::{Shared, Status, deliver, set_status, wake_all};
 use super::subscriber::{Event, Subscriber};
 use crate::engine::node::Node;
@@ -38,16 +38,6 @@ const CALL_SLICE: Duration = Duration::from_millis(100);
 
 /// See [`CALL_SLICE`].
 const CALL_SLICES: u32 = 50;
-
-/// The bound on a batch of registrations (sent on the node's ordinary
-/// connection, not awaited by the link).
-const SIDE_TIMEOUT: Duration = Duration::from_secs(1);
-
-/// The most batches of registrations (and passed-on releases) waiting to
-/// be sent to one node; past that, a batch is dropped (a registration is
-/// sent again at the next renewal; a release passed on is then published
-/// by its releaser's hand-off check, [`HANDOFF_CHECK`](crate::protocol::timing::HANDOFF_CHECK)).
-const SIDE_QUEUE: usize = 64;
 
 /// Why a link's connection ended.
 enum Ended {
@@ -177,16 +167,6 @@ where
     Err(Ended::Broken)
 }
 
-/// Aborts the session's task that sends registrations when the session
-/// ends: a node that hangs must not keep a queue of them alive.
-struct AbortOnDrop(JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
 /// Runs one subscription connection until it ends. `was_up`: an earlier
 /// session of the link was up (then every waiter tries once more when this
 /// one is); `remade`: the node's count of remade request connections when
@@ -217,16 +197,7 @@ async fn serve(
     // release that names this manager where it is not subscribed reaches
     // nobody, and is then published for every manager. The queue is
     // bounded, and the task ends with the session.
-    let (side, mut queued) = mpsc::channel::<Vec<redis::Cmd>>(SIDE_QUEUE);
-    let _sender = AbortOnDrop(tokio::spawn({
-        let node = node.clone();
-        async move {
-            let cluster = node.is_cluster();
-            while let Some(cmds) = queued.recv().await {
-                queue_commands(&node, cmds, cluster).await;
-            }
-        }
-    }));
+    let (side, _sender) = side::start(node.clone(), shared.clone(), lease);
     let mut session = Session {
         actual: HashSet::new(),
         owned: HashSet::new(),
@@ -271,22 +242,17 @@ async fn serve(
                     return Ended::Broken;
                 }
                 // The waiting flags of every key still subscribed here
-                // (a release that finds one sets it again while anyone
-                // subscribes), then the registrations.
-                let flags = session
-                    .actual
+                // (a flag found gone wakes its waiters), then the
+                // registrations.
+                if !node.is_cluster() {
+                    let _ = side.try_send(Side::Flags(session.actual.iter().cloned().collect()));
+                }
+                let cmds = session
+                    .owned
                     .iter()
-                    .filter(|_| !node.is_cluster())
-                    .map(|c| register::flag(c, lease));
-                let cmds = flags
-                    .chain(
-                        session
-                            .owned
-                            .iter()
-                            .map(|c| register::register(&sub.wire(c), &id, lease)),
-                    )
+                    .map(|c| register::register(&sub.wire(c), &id, lease))
                     .collect();
-                let _ = side.try_send(cmds);
+                let _ = side.try_send(Side::Commands(cmds));
                 Ok(())
             }
             change = changes.recv() => {
@@ -339,7 +305,7 @@ fn on_message(
     mut channel: Vec<u8>,
     payload: &[u8],
     own_suffix: &[u8],
-    side: &mpsc::Sender<Vec<redis::Cmd>>,
+    side: &mpsc::Sender<Side>,
 ) -> Result<(), Ended> {
     let Some(strong) = shared.upgrade() else {
         return Err(Ended::Closed);
@@ -354,7 +320,7 @@ fn on_message(
         // Named, with no waiter left here: every manager is
         // told instead, on the key's channel.
         let publish = register::publish(&sub.wire(&channel), &hash, sub.is_cluster());
-        let _ = side.try_send(vec![publish]);
+        let _ = side.try_send(Side::Commands(vec![publish]));
     }
     Ok(())
 }
@@ -367,7 +333,7 @@ async fn on_changes(
     index: usize,
     sub: &mut Subscriber,
     session: &mut Session,
-    side: &mpsc::Sender<Vec<redis::Cmd>>,
+    side: &mpsc::Sender<Side>,
     id: &str,
 ) -> Result<(), Ended> {
     let Some(strong) = shared.upgrade() else {
@@ -412,7 +378,7 @@ async fn on_changes(
             .iter()
             .map(|c| register::unregister(&sub.wire(c), id))
             .collect();
-        let _ = side.try_send(cmds);
+        let _ = side.try_send(Side::Commands(cmds));
         let mut names = chunk.to_vec();
         for c in chunk {
             if session.owned.remove(c) {
@@ -427,60 +393,6 @@ async fn on_changes(
         }
     }
     subscribe(shared, index, sub, session, side, add).await
-}
-
-/// Sends `cmds` to the node on its ordinary connection in one pipeline
-/// (on a cluster node, each on its own, to its slot's master), within
-/// [`SIDE_TIMEOUT`], ignoring the replies: a registration that fails (an
-/// ACL, a node down) only means that releases there do not name this
-/// manager, and its waiters are woken as before the registration.
-async fn queue_commands(node: &Node, cmds: Vec<redis::Cmd>, cluster: bool) {
-    if cmds.is_empty() {
-        return;
-    }
-    let _ = tokio::time::timeout(SIDE_TIMEOUT, async {
-        let Ok(conn) = node.connection().await else {
-            return;
-        };
-        let conn = conn.conn;
-        if cluster {
-            let sent = cmds.into_iter().map(|cmd| {
-                let mut conn = conn.clone();
-                async move {
-                    let _: Result<(), _> = cmd.query_async(&mut conn).await;
-                }
-            });
-            futures::future::join_all(sent).await;
-        } else {
-            let mut pipe = redis::pipe();
-            for cmd in cmds {
-                pipe.add_command(cmd).ignore();
-            }
-            let mut conn = conn;
-            let _: Result<(), _> = pipe.query_async(&mut conn).await;
-        }
-    })
-    .await;
-}
-
-/// Sets the waiting flags `flags` ([`register::flag`]) on the node's
-/// ordinary connection, in one pipeline, and waits for the node's answer.
-/// A denial (an ACL that does not allow `SET` on the flag) counts as a
-/// denied subscription: waiters there use the timed retry.
-async fn queue_flags(node: &Node, flags: impl Iterator<Item = redis::Cmd>) -> Result<(), Ended> {
-    let mut pipe = redis::pipe();
-    for flag in flags {
-        pipe.add_command(flag).ignore();
-    }
-    let conn = node.connection().await.map_err(|_| Ended::Broken)?;
-    let mut conn = conn.conn;
-    pipe.query_async::<()>(&mut conn).await.map_err(|e| {
-        if e.code() == Some("NOPERM") {
-            Ended::Denied
-        } else {
-            Ended::Broken
-        }
-    })
 }
 
 /// What one subscription connection has subscribed.
@@ -508,7 +420,7 @@ async fn subscribe(
     index: usize,
     sub: &mut Subscriber,
     session: &mut Session,
-    side: &mpsc::Sender<Vec<redis::Cmd>>,
+    side: &mpsc::Sender<Side>,
     channels: Vec<Vec<u8>>,
 ) -> Result<(), Ended> {
     // Denied: an ACL, or a server without the command (sharded pub/sub
@@ -544,7 +456,13 @@ async fn subscribe(
         };
         if !node.is_cluster() {
             let flags = chunk.iter().map(|c| register::flag(c, lease));
-            bounded(queue_flags(&node, flags)).await?;
+            let set = async {
+                side::set_flags(&node, flags).await.map_err(|e| match e {
+                    Some(e) if e.code() == Some("NOPERM") => Ended::Denied,
+                    _ => Ended::Broken,
+                })
+            };
+            bounded(set).await?;
         }
         let Some(strong) = shared.upgrade() else {
             return Err(Ended::Closed);
@@ -580,7 +498,7 @@ async fn subscribe(
             .iter()
             .map(|c| register::register(&sub.wire(c), &id, lease))
             .collect();
-        let _ = side.try_send(cmds);
+        let _ = side.try_send(Side::Commands(cmds));
     }
     Ok(())
 }

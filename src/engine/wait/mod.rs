@@ -22,14 +22,19 @@
 //!   [`registration`] ([`Registration`](registration::Registration));
 //! - one subscription connection per node per manager, its bounds, and the
 //!   manager's registrations with their [`LEASE`](crate::protocol::timing::LEASE):
-//!   [`link`] (the requests in
+//!   [`link`], and what it sends on the node's ordinary connection,
+//!   [`side`] (the requests in
 //!   [`request::register`](crate::protocol::request::register));
+//! - the release's gate, the keys' waiting flags: set by [`side`] before a
+//!   link confirms its subscriptions, renewed with the registrations, and
+//!   deleted and set again by the unlock script.
 //! - the releaser's hand-off check: [`handoff`] ([`check_handoff`](handoff::check_handoff)).
 
 pub(crate) mod handoff;
 mod link;
 pub(crate) mod registration;
 pub(crate) mod registry;
+mod side;
 mod start;
 mod state;
 mod subscriber;

@@ -33,6 +33,14 @@ pub(crate) fn flag(channel: &[u8], lease: Duration) -> Cmd {
     cmd
 }
 
+/// The renewal of the waiting flag of `channel`'s key: [`flag`] with
+/// `GET`, whose `nil` reply tells that the flag was gone.
+pub(crate) fn renew_flag(channel: &[u8], lease: Duration) -> Cmd {
+    let mut cmd = flag(channel, lease);
+    cmd.arg("GET");
+    cmd
+}
+
 /// The removal of manager `id` from the waiting hash of `channel`'s key.
 pub(crate) fn unregister(channel: &[u8], id: &str) -> Cmd {
     let mut cmd = redis::cmd("HDEL");
