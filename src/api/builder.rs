@@ -383,6 +383,7 @@ impl RedlockBuilder {
                 stats,
                 generation,
                 waits,
+                extensions: Default::default(),
             }),
         })
     }

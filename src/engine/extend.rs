@@ -41,17 +41,21 @@ impl Inner {
         let request = extend::request(&self.generation, &lock.key_list(), &lock.token, ttl.millis)
             .durable(self.config.durability);
         let start = Instant::now();
+        let after = self.extensions.behind(&lock.token, &lock.in_flight);
         let Round { tally, in_flight } = round::round(
             self,
             None,
             Ask::Owned,
             Until::Decided,
             request,
-            &lock.in_flight,
+            &after,
             extend::read(&self.generation),
         )
         .await;
-        let in_flight = lock.in_flight.and(&in_flight);
+        // Every handle of the lock goes behind this round from now on, not
+        // only the one returned (see `Extensions`).
+        self.extensions.record(&lock.token, &in_flight);
+        let in_flight = after.and(&in_flight);
         let outcome = tally.outcome();
         let mut healed = tally.healed.clone();
         if self.config.durability != Durability::Memory {

@@ -64,13 +64,14 @@ impl Inner {
             let read = fence::request(generation, prefix, &lock.key_list(), &lock.token, None);
             let reader = generation.reader(fence::read);
             let started = Instant::now();
+            let after = self.extensions.behind(&lock.token, &lock.in_flight);
             let Round { tally, .. } = round::round(
                 self,
                 None,
                 Ask::Fence,
                 Until::Decided,
                 read,
-                &lock.in_flight,
+                &after,
                 |value: &redis::Value| {
                     let reply = reader(value)?;
                     if matches!(
@@ -139,13 +140,14 @@ impl Inner {
         // that overtook it finds the lock gone) is one more untrusted
         // counter for the next holder's read to prove around.
         let started = Instant::now();
+        let after = self.extensions.behind(&lock.token, &lock.in_flight);
         let Round { tally, .. } = round::round(
             self,
             None,
             Ask::Owned,
             Until::AllNodes,
             write,
-            &lock.in_flight,
+            &after,
             generation.reader(read_flag),
         )
         .await;

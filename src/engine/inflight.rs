@@ -211,6 +211,62 @@ impl InFlight {
     }
 }
 
+/// The extension rounds of a manager's locks that may still run, by lock
+/// token. `extend` gives back a new handle that knows its own round, but
+/// the handle it was given (and every copy of it) does not: a release
+/// through the old handle must still go behind the extension's requests,
+/// or the extension, landing after it on a slow node, sets the key again
+/// there (its heal path) for a whole ttl. Kept only while some extension
+/// round has a request unsettled, so a manager that does not extend, or
+/// whose extensions settle on every node before they return, pays one
+/// atomic load per step.
+#[derive(Default, Debug)]
+pub(crate) struct Extensions {
+    /// Whether `rounds` may hold anything: read first, without the lock.
+    any: std::sync::atomic::AtomicBool,
+    rounds: std::sync::Mutex<std::collections::HashMap<Box<str>, InFlight>>,
+}
+
+impl Extensions {
+    /// Records the extension round `round` of the lock of `token`.
+    pub(crate) fn record(&self, token: &str, round: &InFlight) {
+        if round.rounds.is_none() {
+            return;
+        }
+        let mut rounds = self.rounds.lock().unwrap_or_else(|p| p.into_inner());
+        Self::prune(&mut rounds);
+        let entry = rounds.entry(token.into()).or_default();
+        *entry = entry.and(round);
+        self.any.store(true, Ordering::Release);
+    }
+
+    /// What a step on the lock of `token`, whose handle knows `known`, goes
+    /// behind: `known` and the extension rounds of that token that may
+    /// still run.
+    pub(crate) fn behind(&self, token: &str, known: &InFlight) -> InFlight {
+        if !self.any.load(Ordering::Acquire) {
+            return known.clone();
+        }
+        let mut rounds = self.rounds.lock().unwrap_or_else(|p| p.into_inner());
+        Self::prune(&mut rounds);
+        if rounds.is_empty() {
+            self.any.store(false, Ordering::Release);
+        }
+        match rounds.get(token) {
+            Some(extensions) => known.and(extensions),
+            None => known.clone(),
+        }
+    }
+
+    /// Drops the rounds that settled on every node.
+    fn prune(rounds: &mut std::collections::HashMap<Box<str>, InFlight>) {
+        rounds.retain(|_, in_flight| {
+            *in_flight = in_flight.and(&InFlight::default());
+            in_flight.rounds.is_some()
+        });
+    }
+}
+
 impl std::fmt::Debug for InFlight {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("InFlight")

@@ -95,6 +95,9 @@ pub(crate) struct Inner {
     pub(crate) generation: Generation,
     /// The waiters and the release subscriptions; see [`wait`].
     pub(crate) waits: Waits,
+    /// Extension rounds still in flight, for the handles that do not know
+    /// them; see [`Extensions`](inflight::Extensions).
+    pub(crate) extensions: inflight::Extensions,
 }
 
 impl Inner {

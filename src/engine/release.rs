@@ -107,15 +107,11 @@ pub(crate) async fn release_with(
 impl Inner {
     pub(crate) async fn unlock(self: &Arc<Self>, lock: &Lock) -> Result<usize, Error> {
         let span = trace::span!("unlock", resource = %lock.label());
-        let tally = release_everywhere(
-            self,
-            &lock.key_list(),
-            &lock.token,
-            lock.key_expiry,
-            &lock.in_flight,
-        )
-        .in_span(span)
-        .await;
+        let after = self.extensions.behind(&lock.token, &lock.in_flight);
+        let tally =
+            release_everywhere(self, &lock.key_list(), &lock.token, lock.key_expiry, &after)
+                .in_span(span)
+                .await;
         self.note(&tally);
         tally.into_released(&lock.label())
     }

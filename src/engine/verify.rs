@@ -14,13 +14,14 @@ impl Inner {
     pub(crate) async fn verify(self: &Arc<Self>, lock: &Lock) -> Result<bool, Error> {
         self.configured()?;
         let request = check::request(&self.generation, &lock.key_list(), &lock.token);
+        let after = self.extensions.behind(&lock.token, &lock.in_flight);
         let Round { tally, .. } = round::round(
             self,
             None,
             Ask::Owned,
             Until::Decided,
             request,
-            &lock.in_flight,
+            &after,
             check::read(&self.generation),
         )
         .await;
