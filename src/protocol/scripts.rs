@@ -54,7 +54,10 @@ pub(crate) use sharded::{HANDOFF_CHECK_SHARD, SET_PTTL, UNLOCK_SHARD};
 /// a wake-up without the flag's order or its setting again.
 ///
 /// The publish is a `pcall`: a user whose ACL denies `PUBLISH` on the
-/// channel still releases (its waiters fall back to the timed retry).
+/// channel still releases (its waiters fall back to the timed retry). So
+/// is the `DEL` of the flag: a user whose key pattern covers the lock key
+/// but not its flag (`~app:lock1`) deletes the key alone, and the gate is
+/// then `PUBSUB NUMSUB`, as before the flag.
 pub(crate) static UNLOCK: LazyLock<Script> = LazyLock::new(|| {
     let released = released("publish");
     let lease = crate::protocol::timing::LEASE.as_millis();
@@ -64,7 +67,13 @@ pub(crate) static UNLOCK: LazyLock<Script> = LazyLock::new(|| {
         return redis.call("del", KEYS[1])
     end
     local flag = KEYS[1] .. "\255waiting"
-    if redis.call("del", KEYS[1], flag) == 1 then
+    local n = redis.pcall("del", KEYS[1], flag)
+    if type(n) ~= "number" then
+        -- the flag out of the user's reach (an ACL): the key alone, and
+        -- the gate is the subscription count
+        n = redis.call("del", KEYS[1]) + 1
+    end
+    if n == 1 then
         return 1
     end
     -- flagged: the gate of unlock_many, then the flag again

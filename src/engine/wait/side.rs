@@ -63,10 +63,16 @@ pub(super) fn start(
     let (side, mut queued) = mpsc::channel::<Side>(SIDE_QUEUE);
     let task = tokio::spawn(async move {
         let cluster = node.is_cluster();
+        // A renewal whose reply was not read (timed out, failed): whether
+        // it found a flag gone is unknown, and it may have set the flag
+        // again when it ran, so the next one cannot tell either.
+        let mut unsure = false;
         while let Some(batch) = queued.recv().await {
             match batch {
                 Side::Commands(cmds) => queue_commands(&node, cmds, cluster).await,
-                Side::Flags(channels) => renew_flags(&node, &shared, channels, lease).await,
+                Side::Flags(channels) => {
+                    unsure = !renew_flags(&node, &shared, channels, lease, unsure).await;
+                }
             }
         }
     });
@@ -127,10 +133,19 @@ pub(super) async fn set_flags(
 
 /// Renews the waiting flags of `channels`' keys with `SET … GET`, within
 /// [`SIDE_TIMEOUT`]; where the reply shows that a flag was gone, wakes the
-/// waiters of its key (see [`Side::Flags`]).
-async fn renew_flags(node: &Node, shared: &Weak<Shared>, channels: Vec<Vec<u8>>, lease: Duration) {
+/// waiters of its key (see [`Side::Flags`]). `unsure`: the last renewal's
+/// reply was not read, so every key's waiters are woken once this one's
+/// is (a node cut off past the lease lost the flags, and that renewal,
+/// run late, set them again unseen). Returns whether the reply was read.
+async fn renew_flags(
+    node: &Node,
+    shared: &Weak<Shared>,
+    channels: Vec<Vec<u8>>,
+    lease: Duration,
+    unsure: bool,
+) -> bool {
     if channels.is_empty() {
-        return;
+        return !unsure;
     }
     let mut pipe = redis::pipe();
     for channel in &channels {
@@ -143,14 +158,14 @@ async fn renew_flags(node: &Node, shared: &Weak<Shared>, channels: Vec<Vec<u8>>,
     })
     .await;
     let Ok(Some(replies)) = replies else {
-        return;
+        return false;
     };
     let Some(shared) = shared.upgrade() else {
-        return;
+        return true;
     };
     let state = shared.lock();
     for (channel, reply) in channels.iter().zip(&replies) {
-        if *reply != Value::Nil {
+        if *reply != Value::Nil && !unsure {
             continue;
         }
         crate::trace::debug!(
@@ -163,4 +178,5 @@ async fn renew_flags(node: &Node, shared: &Weak<Shared>, channels: Vec<Vec<u8>>,
             }
         }
     }
+    true
 }
