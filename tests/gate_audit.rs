@@ -8,7 +8,9 @@
 //!   flag gone times out (1 s) with its `SET … GET` still queued in the
 //!   socket; it runs when the partition heals, sets the flag again, and
 //!   its `nil` is read by nobody. Later renewals find the flag there, so
-//!   the waiter is never woken and sleeps until its timed retry.
+//!   the waiter is never woken and sleeps until its timed retry. Fixed:
+//!   after a renewal whose reply was not read, the next one wakes every
+//!   waiter of its keys (`engine::wait::side`).
 //! - a user whose ACL key pattern covers the lock key but not its flag
 //!   (`~app:lock1`) can no longer release at all: the unlock script's
 //!   `redis.call("del", KEYS[1], flag)` raises `NOPERM` (before the gate,
