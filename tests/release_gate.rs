@@ -241,8 +241,8 @@ async fn a_flag_lost_while_waiting_wakes_the_waiter_at_the_next_renewal() {
         gap < NOTIFIED,
         "woken by the renewal, not the 30 s poll: {gap:?}"
     );
-    for i in 0..cluster.len() {
-        assert!(flagged(&cluster, i, &res) || subscribers(&cluster, i, &res) == 0);
-    }
+    // (The other nodes' links set their flags again at their own
+    // renewals: a node's flag may be missing while the granted waiter's
+    // subscription there is still being ended.)
     waiter.unlock(&lock).await.unwrap();
 }
