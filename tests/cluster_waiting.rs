@@ -453,21 +453,32 @@ async fn a_waiter_hears_the_release_after_a_silent_master_was_replaced() {
     for i in 0..5 {
         let m = clusters[i].master_of(res.as_bytes());
         // The replica has the key before its master goes silent (on a
-        // loaded machine its first sync may still be under way).
+        // loaded machine its first sync may still be under way). Asked of
+        // the replica itself: a `WAIT` on a connection that wrote nothing
+        // counts the replicas at once, whatever they hold (under four CPU
+        // burners a replica promoted without the key let the waiting
+        // manager's own `try_lock` below take the lock).
         let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            let acked: i64 = redis::cmd("WAIT")
-                .arg(1)
-                .arg(1000)
-                .query(&mut clusters[i].master_conn(m))
+        for port in clusters[i].replica_ports(m) {
+            let mut replica = redis::Client::open(format!("redis://127.0.0.1:{port}/"))
+                .unwrap()
+                .get_connection()
                 .unwrap();
-            if acked >= 1 {
-                break;
+            let _: () = redis::cmd("READONLY").query(&mut replica).unwrap();
+            loop {
+                let has: i64 = redis::cmd("EXISTS")
+                    .arg(&res)
+                    .query(&mut replica)
+                    .unwrap_or(0);
+                if has == 1 {
+                    break;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "cluster {i}: the replica on port {port} never got the key"
+                );
+                std::thread::sleep(Duration::from_millis(20));
             }
-            assert!(
-                Instant::now() < deadline,
-                "cluster {i}: no replica acknowledged"
-            );
         }
         clusters[i].pause_master(m);
         clusters[i].failover(m);
@@ -479,6 +490,10 @@ async fn a_waiter_hears_the_release_after_a_silent_master_was_replaced() {
     loop {
         let verified = a.verify(&held).await;
         let tried = b.try_lock(&res, HOLD).await;
+        assert!(
+            tried.is_err(),
+            "the other manager took the held lock after the failovers"
+        );
         let stale = format!("{verified:?}{tried:?}").contains("Timeout");
         if verified.as_ref().is_ok_and(|v| *v) && !stale {
             break;
