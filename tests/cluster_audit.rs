@@ -77,11 +77,23 @@ fn names_in_distinct_slots(prefix: &str, n: usize) -> Vec<String> {
 }
 
 /// Warms every node of `redlock` (its connections made) with a lock and
-/// unlock of a throwaway resource.
+/// unlock of a throwaway resource, tried for up to 60 s: with a short node
+/// timeout, a very loaded machine (load 7) timed every node out at once.
 async fn warm(redlock: &Redlock) {
-    let res = resource("warm");
-    let lock = redlock.lock(&res, LONG_TTL).await.unwrap();
-    redlock.unlock(&lock).await.unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        match redlock.lock(&resource("warm"), LONG_TTL).await {
+            Ok(lock) => {
+                let _ = redlock.unlock(&lock).await;
+                return;
+            }
+            Err(e) if std::time::Instant::now() < deadline => {
+                eprintln!("warm-up: {e}; again");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(e) => panic!("no warm-up within 60 s: {e}"),
+        }
+    }
 }
 
 // ---------------------------------------------------------------------------
