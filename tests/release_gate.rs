@@ -72,6 +72,14 @@ fn subscribers(cluster: &Cluster, i: usize, key: &str) -> i64 {
     n
 }
 
+/// Whether, within 5 s, every node counts `managers` subscribers of
+/// `key`'s release channel and has its waiting flag.
+fn waiting_everywhere(cluster: &Cluster, key: &str, managers: i64) -> bool {
+    cluster.eventually(Duration::from_secs(5), |c| {
+        (0..c.len()).all(|i| subscribers(c, i, key) == managers && flagged(c, i, key))
+    })
+}
+
 /// `cycles` uncontended `try_lock` + `unlock` of `res`; then, on every
 /// node, how many `PUBSUB NUMSUB` and `PUBLISH` calls they cost (the
 /// unlocks are checked to have reached the nodes: the test can fail).
@@ -110,12 +118,7 @@ async fn a_release_nobody_waits_for_neither_asks_nor_publishes() {
         tokio::spawn(async move { waiter.lock_within(&res, TTL, PATIENCE).await })
     };
     assert!(
-        cluster.eventually(Duration::from_secs(5), |c| (0..c.len()).all(|i| flagged(
-            c, i, &res
-        ) && subscribers(
-            c, i, &res
-        )
-            == 1)),
+        waiting_everywhere(&cluster, &res, 1),
         "the waiter subscribed and flagged the key on every node"
     );
     let released = Instant::now();
@@ -168,8 +171,7 @@ async fn each_release_wakes_a_manager_while_managers_wait() {
             })
             .collect();
         assert!(
-            cluster.eventually(Duration::from_secs(5), |c| (0..c.len())
-                .all(|i| subscribers(c, i, &res) == 2 && flagged(c, i, &res))),
+            waiting_everywhere(&cluster, &res, 2),
             "round {round}: both managers subscribed and flagged"
         );
         // Their registrations (sent after the subscriptions) land.
@@ -209,12 +211,7 @@ async fn a_flag_lost_while_waiting_wakes_the_waiter_at_the_next_renewal() {
         tokio::spawn(async move { waiter.lock_within(&res, TTL, PATIENCE).await })
     };
     assert!(
-        cluster.eventually(Duration::from_secs(5), |c| (0..c.len()).all(|i| flagged(
-            c, i, &res
-        ) && subscribers(
-            c, i, &res
-        )
-            == 1)),
+        waiting_everywhere(&cluster, &res, 1),
         "the waiter subscribed and flagged the key on every node"
     );
     tokio::time::sleep(Duration::from_millis(300)).await;
