@@ -224,7 +224,18 @@ impl InFlight {
 pub(crate) struct Extensions {
     /// Whether `rounds` may hold anything: read first, without the lock.
     any: std::sync::atomic::AtomicBool,
-    rounds: std::sync::Mutex<std::collections::HashMap<Box<str>, InFlight>>,
+    rounds: std::sync::Mutex<Rounds>,
+}
+
+/// [`Extensions`]' map, and the size past which [`Extensions::record`]
+/// drops every settled entry (twice the size left by the last such pass,
+/// at least 64): each step looks up and tidies its own token's entry only,
+/// so ten thousand watchdogs renewing beside a slow node do not each walk
+/// every other lock's entry.
+#[derive(Default, Debug)]
+struct Rounds {
+    by_token: std::collections::HashMap<Box<str>, InFlight>,
+    prune_at: usize,
 }
 
 impl Extensions {
@@ -234,8 +245,14 @@ impl Extensions {
             return;
         }
         let mut rounds = self.rounds.lock().unwrap_or_else(|p| p.into_inner());
-        Self::prune(&mut rounds);
-        let entry = rounds.entry(token.into()).or_default();
+        if rounds.by_token.len() >= rounds.prune_at.max(64) {
+            rounds.by_token.retain(|_, in_flight| {
+                *in_flight = in_flight.and(&InFlight::default());
+                in_flight.rounds.is_some()
+            });
+            rounds.prune_at = 2 * rounds.by_token.len();
+        }
+        let entry = rounds.by_token.entry(token.into()).or_default();
         *entry = entry.and(round);
         self.any.store(true, Ordering::Release);
     }
@@ -248,22 +265,18 @@ impl Extensions {
             return known.clone();
         }
         let mut rounds = self.rounds.lock().unwrap_or_else(|p| p.into_inner());
-        Self::prune(&mut rounds);
-        if rounds.is_empty() {
-            self.any.store(false, Ordering::Release);
+        let Some(entry) = rounds.by_token.get_mut(token) else {
+            return known.clone();
+        };
+        *entry = entry.and(&InFlight::default());
+        if entry.rounds.is_none() {
+            rounds.by_token.remove(token);
+            if rounds.by_token.is_empty() {
+                self.any.store(false, Ordering::Release);
+            }
+            return known.clone();
         }
-        match rounds.get(token) {
-            Some(extensions) => known.and(extensions),
-            None => known.clone(),
-        }
-    }
-
-    /// Drops the rounds that settled on every node.
-    fn prune(rounds: &mut std::collections::HashMap<Box<str>, InFlight>) {
-        rounds.retain(|_, in_flight| {
-            *in_flight = in_flight.and(&InFlight::default());
-            in_flight.rounds.is_some()
-        });
+        known.and(entry)
     }
 }
 
