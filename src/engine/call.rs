@@ -28,16 +28,18 @@ use crate::protocol::request::{Marked, Request, acquire};
 /// first, see [`Request::timeout`]). A request on a connection that turns
 /// out to be broken (the node restarted since it was made) is sent once more
 /// on a fresh one. `mark`, when given, records where the request went, for
-/// the requests that come after it.
+/// the requests that come after it; the request's future owns it, so that
+/// the request counts as settled when the future completes or is dropped.
 pub(crate) async fn call(
     node: Arc<Node>,
     index: usize,
     request: Request,
     node_timeout: Duration,
     after: InFlight,
-    mark: Option<&Mark>,
+    mark: Option<Mark>,
     known_old: Option<Request>,
 ) -> Result<Value, NodeError> {
+    let mark = mark.as_ref();
     // Whether earlier requests to the node may still run: this one then
     // goes after them (queued behind them, or once they settled).
     let mut behind = !after.settled_now(index);
