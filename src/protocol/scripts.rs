@@ -68,6 +68,10 @@ pub(crate) static UNLOCK: LazyLock<Script> = LazyLock::new(|| {
     end
     local flag = KEYS[1] .. "\255waiting"
     local n = redis.pcall("del", KEYS[1], flag)
+    -- nobody flagged the key: the common case, before any other check
+    if n == 1 then
+        return 1
+    end
     if type(n) ~= "number" then
         -- the flag out of the user's reach (an ACL): the key alone, and
         -- the gate is the subscription count
