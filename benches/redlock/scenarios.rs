@@ -40,6 +40,16 @@ impl Env {
 
 /// Measures `rounds` acquire+release cycles of each subject, interleaved so
 /// that drift in the machine's load hits all three alike.
+///
+/// A subject leaves work behind when its timing stops: the requests still
+/// pending at the quorum, finished by a spawned task (the floor's, and this
+/// crate's when a node is slow or down). Run with the next subject's, it
+/// was charged to whoever came next: in a fixed order (or one rotated,
+/// which keeps who follows whom) the floor's leftovers fell on this crate
+/// every round. So each cycle is followed by a yield, which lets the
+/// spawned task take its first step, and the order runs forward and
+/// backward by turns, so that each subject is followed by itself or by
+/// rslock, never always by the same other subject.
 pub(crate) async fn latency_rounds(
     s: &Subjects,
     rounds_per: [usize; 3],
@@ -49,7 +59,9 @@ pub(crate) async fn latency_rounds(
     let mut out: [(Samples, Samples, Samples); 3] = Default::default();
     let max = *rounds_per.iter().max().unwrap();
     for i in 0..max {
-        for (k, who) in Subject::ALL.into_iter().enumerate() {
+        for step in 0..3 {
+            let k = if i % 2 == 0 { step } else { 2 - step };
+            let who = Subject::ALL[k];
             if i >= rounds_per[k] {
                 continue;
             }
@@ -59,6 +71,7 @@ pub(crate) async fn latency_rounds(
                 out[k].1.push(r);
                 out[k].2.push(v);
             }
+            tokio::task::yield_now().await;
         }
     }
     out
