@@ -34,6 +34,13 @@ pub(crate) struct Settled {
     /// [`UNORDERED`].
     pub(crate) sent: Box<[AtomicU64]>,
     pub(crate) changed: Notify,
+    /// Whether anyone ever waited on [`changed`](Settled::changed): a mark
+    /// notifies only then (`notify_waiters` takes a lock, and almost no
+    /// round has anyone waiting for it). Set after the waiter registered
+    /// and before it looks at `done`, both `SeqCst`, as is the mark's store
+    /// to `done` and its load of this: either the waiter sees the mark, or
+    /// the mark sees the waiter and wakes it.
+    pub(crate) watched: AtomicBool,
     /// Set by the round when its one timer fired: every request still on
     /// the round's deadline has timed out (see [`round`](crate::engine::round)).
     pub(crate) expired: AtomicBool,
@@ -54,6 +61,7 @@ impl Settled {
             done: (0..nodes).map(|i| AtomicBool::new(!asked(i))).collect(),
             sent: (0..nodes).map(|_| AtomicU64::new(NOT_SENT)).collect(),
             changed: Notify::new(),
+            watched: AtomicBool::new(false),
             expired: AtomicBool::new(false),
         }
     }
@@ -84,8 +92,10 @@ impl Mark {
 
 impl Drop for Mark {
     fn drop(&mut self) {
-        self.settled.done[self.index].store(true, Ordering::Release);
-        self.settled.changed.notify_waiters();
+        self.settled.done[self.index].store(true, Ordering::SeqCst);
+        if self.settled.watched.load(Ordering::SeqCst) {
+            self.settled.changed.notify_waiters();
+        }
     }
 }
 
@@ -119,7 +129,8 @@ impl InFlight {
                 let changed = round.changed.notified();
                 let mut changed = std::pin::pin!(changed);
                 changed.as_mut().enable();
-                if done.load(Ordering::Acquire) {
+                round.watched.store(true, Ordering::SeqCst);
+                if done.load(Ordering::SeqCst) {
                     break;
                 }
                 changed.await;
@@ -285,5 +296,42 @@ impl std::fmt::Debug for InFlight {
         f.debug_struct("InFlight")
             .field("rounds", &self.rounds().len())
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A waiter for a node's request wakes when the request settles on
+    /// another thread, whichever comes first: its registration or the mark.
+    /// The mark notifies only where someone watches; a lost wake-up would
+    /// leave a waiter here asleep, and the timeout fails the test.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_waiter_wakes_when_the_request_settles_elsewhere() {
+        for round in 0..20_000u32 {
+            let settled = Arc::new(Settled::new(2, |_| true));
+            let in_flight = InFlight::of(settled.clone());
+            let mark = Mark {
+                settled: settled.clone(),
+                index: round as usize % 2,
+            };
+            let index = mark.index;
+            let marker = tokio::spawn(async move {
+                if round % 3 == 0 {
+                    tokio::task::yield_now().await;
+                }
+                drop(mark);
+            });
+            let waited =
+                tokio::time::timeout(std::time::Duration::from_secs(5), in_flight.settled(index))
+                    .await;
+            assert!(
+                waited.is_ok(),
+                "round {round}: the waiter slept through the mark"
+            );
+            marker.await.unwrap();
+            assert!(in_flight.settled_now(index));
+        }
     }
 }
