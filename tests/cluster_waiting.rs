@@ -345,7 +345,6 @@ const CLUSTER_RULE: &[&str] = &[
     "+time",
     "+eval",
     "+evalsha",
-    "+script|load",
     "+spublish",
     "+ssubscribe",
     "+sunsubscribe",
@@ -531,7 +530,7 @@ async fn a_user_denied_scripts_still_waits_for_a_lock_on_cluster_nodes() {
     let rule: Vec<&str> = CLUSTER_RULE
         .iter()
         .copied()
-        .filter(|r| !matches!(*r, "+eval" | "+evalsha" | "+script|load"))
+        .filter(|r| !matches!(*r, "+eval" | "+evalsha"))
         .collect();
     let mut urls = Vec::new();
     for cluster in clusters.iter() {
