@@ -304,9 +304,12 @@ mod tests {
     use super::*;
 
     /// A waiter for a node's request wakes when the request settles on
-    /// another thread, whichever comes first: its registration or the mark.
-    /// The mark notifies only where someone watches; a lost wake-up would
-    /// leave a waiter here asleep, and the timeout fails the test.
+    /// another thread, its registration and the mark in either order. The
+    /// mark notifies only where someone watches: without the waiter's flag
+    /// every round here sleeps, and the timeout fails the test. (The flag
+    /// set after the waiter looks at `done` would lose a wake-up only in a
+    /// window of nanoseconds, which this test does not catch; the
+    /// argument for the order is the `SeqCst` pairing on `Settled::watched`.)
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_waiter_wakes_when_the_request_settles_elsewhere() {
         for round in 0..20_000u32 {

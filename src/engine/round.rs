@@ -88,7 +88,9 @@ pub(crate) struct Round {
 /// # Cancel safety
 /// Dropping the future drops the pending requests; a request already
 /// written to a node's socket still runs there, before anything sent to
-/// that node later.
+/// that node later on the same connection (a request sent on another
+/// connection, after a runtime that owned this one shut down, say, may
+/// overtake it).
 pub(crate) async fn round<F>(
     inner: &Inner,
     only: Option<&[usize]>,
