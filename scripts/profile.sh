@@ -6,7 +6,7 @@
 # the stacks with inferno into docs/profile-scenario5.svg, with the folded
 # stacks and a summary of the top frames beside it (docs/profile-scenario5.txt).
 #
-#   scripts/profile.sh [ours|rslock|floor]     # ours by default
+#   scripts/profile.sh [ours|rslock|floor|guard]   # ours by default; guard: ours with the restart guard
 #
 # Needs `perf` (Debian: apt-get install linux-perf) and inferno
 # (cargo install --locked inferno). perf_event_paranoid 2 suffices: the

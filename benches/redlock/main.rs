@@ -11,9 +11,10 @@
 //! ```
 //!
 //! `--profile-seconds N` runs nothing but scenario 5's 64 tasks for about N
-//! seconds, on one subject (`--profile-subject ours|rslock|floor`, ours by
-//! default), and prints the rate and the client's CPU per cycle: a steady
-//! load for a sampling profiler (`scripts/profile.sh`). It writes no report.
+//! seconds, on one subject (`--profile-subject ours|rslock|floor|guard`,
+//! ours by default; `guard` is ours with the restart guard on), and prints
+//! the rate and the client's and the nodes' CPU per cycle: a steady load for
+//! a sampling profiler (`scripts/profile.sh`). It writes no report.
 //!
 //! Writes a table to stdout, and `target/bench/redlock.{json,md}` plus the
 //! latency chart `target/bench/redlock-latency.svg`. A full run also writes
@@ -124,10 +125,11 @@ fn main() {
     if let Some(secs) = value("--profile-seconds") {
         let secs: f64 = secs.parse().expect("--profile-seconds takes a number");
         let who = match value("--profile-subject").as_deref() {
-            None | Some("ours") => subjects::Subject::Ours,
-            Some("rslock") => subjects::Subject::Rslock,
-            Some("floor") => subjects::Subject::Floor,
-            Some(other) => panic!("--profile-subject: ours, rslock or floor, not {other}"),
+            None | Some("ours") => Some(subjects::Subject::Ours),
+            Some("rslock") => Some(subjects::Subject::Rslock),
+            Some("floor") => Some(subjects::Subject::Floor),
+            Some("guard") => None,
+            Some(other) => panic!("--profile-subject: ours, rslock, floor or guard, not {other}"),
         };
         runtime.block_on(profile_loop(who, Duration::from_secs_f64(secs)));
         return;
@@ -135,9 +137,10 @@ fn main() {
     runtime.block_on(run(quick, only, no_docs));
 }
 
-/// `--profile-seconds`: scenario 5's loop on one subject, one-second
-/// slices until `length` has passed; prints the rate and client CPU.
-async fn profile_loop(who: subjects::Subject, length: Duration) {
+/// `--profile-seconds`: scenario 5's loop on one subject (`None`: ours with
+/// the restart guard), one-second slices until `length` has passed; prints
+/// the rate and the client's and the nodes' CPU.
+async fn profile_loop(who: Option<subjects::Subject>, length: Duration) {
     let (urls, _servers) = match redlock_harness::external_nodes() {
         Some(urls) => (urls, Vec::new()),
         None => {
@@ -146,28 +149,65 @@ async fn profile_loop(who: subjects::Subject, length: Duration) {
         }
     };
     let s = Arc::new(Subjects::new(&urls).await);
+    // The guard's subject: its markers count once they are TTL old.
+    let guarded = match who {
+        Some(_) => None,
+        None => {
+            let guarded = redlock_quorum::Redlock::builder(urls.iter().map(String::as_str))
+                .retry_count(0)
+                .restart_guard(TTL)
+                .build()
+                .unwrap();
+            let _ = guarded.try_lock("bench:profile:age", TTL).await;
+            tokio::time::sleep(TTL + Duration::from_millis(100)).await;
+            Some(Arc::new(guarded))
+        }
+    };
     println!(
         "profiling loop: scenario 5 ({} tasks), {} only, {:.0} s; pid {}",
         scenarios::THROUGHPUT_TASKS,
-        who.name(),
+        who.map_or("redlock-quorum with the restart guard", |w| w.name()),
         length.as_secs_f64(),
         std::process::id()
     );
     let started = Instant::now();
     let cpu0 = cost::cpu_time();
+    let stats = cost::Nodes::connect(&urls).await;
+    let nodes0 = stats.cpu().await;
     let (mut cycles, mut took, mut round) = (0, Duration::ZERO, 0);
     while started.elapsed() < length {
-        let (n, t) = scenarios::throughput_slice(&s, who, round, Duration::from_secs(1)).await;
+        let slice = Duration::from_secs(1);
+        let (n, t) = match (who, &guarded) {
+            (Some(who), _) => scenarios::throughput_slice(&s, who, round, slice).await,
+            (None, Some(guarded)) => {
+                let guarded = guarded.clone();
+                scenarios::run_slice(scenarios::THROUGHPUT_TASKS, slice, move |t, i| {
+                    let guarded = guarded.clone();
+                    async move {
+                        let res = format!("bench:tp:guard:{round}:{t}:{i}");
+                        match guarded.try_lock(&res, TTL).await {
+                            Ok(lock) => guarded.unlock(&lock).await.is_ok(),
+                            Err(_) => false,
+                        }
+                    }
+                })
+                .await
+            }
+            (None, None) => unreachable!("the guard's subject has its manager"),
+        };
         cycles += n;
         took += t;
         round += 1;
     }
     let cpu = cost::cpu_time().saturating_sub(cpu0);
+    let nodes = stats.cpu().await.saturating_sub(nodes0).as_secs_f64();
+    let per = |d: f64| d * 1e6 / cycles.max(1) as f64;
     println!(
-        "{cycles} cycles in {:.1} s: {:.0} cycles/s, client CPU {:.1} us per cycle",
+        "{cycles} cycles in {:.1} s: {:.0} cycles/s, client CPU {:.1} us per cycle, nodes' CPU {:.1} us per cycle",
         took.as_secs_f64(),
         cycles as f64 / took.as_secs_f64(),
-        cpu.as_secs_f64() * 1e6 / cycles.max(1) as f64
+        per(cpu.as_secs_f64()),
+        per(nodes)
     );
 }
 
