@@ -10,6 +10,11 @@
 //! cargo bench -p redlock-bench --bench redlock -- --profile-seconds 10  # scenario 5's loop, ours only
 //! ```
 //!
+//! `--in-task` runs the scenarios from a task on the runtime's worker
+//! threads, as a service calls the library, instead of from `block_on`'s
+//! own thread (where a spawn, such as the one that finishes the requests
+//! still pending at a quorum, wakes a parked worker).
+//!
 //! `--profile-seconds N` runs nothing but scenario 5's 64 tasks for about N
 //! seconds, on one subject (`--profile-subject ours|rslock|floor|guard`,
 //! ours by default; `guard` is ours with the restart guard on), and prints
@@ -134,7 +139,15 @@ fn main() {
         runtime.block_on(profile_loop(who, Duration::from_secs_f64(secs)));
         return;
     }
-    runtime.block_on(run(quick, only, no_docs));
+    if args.iter().any(|a| a == "--in-task") {
+        // Every scenario from a task on the runtime's workers, as a
+        // service calls the library, instead of from `block_on`'s thread.
+        runtime
+            .block_on(tokio::spawn(run(quick, only, no_docs)))
+            .unwrap();
+    } else {
+        runtime.block_on(run(quick, only, no_docs));
+    }
 }
 
 /// `--profile-seconds`: scenario 5's loop on one subject (`None`: ours with
