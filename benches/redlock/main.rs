@@ -142,9 +142,8 @@ fn main() {
     if args.iter().any(|a| a == "--in-task") {
         // Every scenario from a task on the runtime's workers, as a
         // service calls the library, instead of from `block_on`'s thread.
-        runtime
-            .block_on(tokio::spawn(run(quick, only, no_docs)))
-            .unwrap();
+        let task = runtime.spawn(run(quick, only, no_docs));
+        runtime.block_on(task).unwrap();
     } else {
         runtime.block_on(run(quick, only, no_docs));
     }
