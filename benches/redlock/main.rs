@@ -13,7 +13,8 @@
 //! `--in-task` runs the scenarios from a task on the runtime's worker
 //! threads, as a service calls the library, instead of from `block_on`'s
 //! own thread (where a spawn, such as the one that finishes the requests
-//! still pending at a quorum, wakes a parked worker).
+//! still pending at a quorum, wakes a parked worker). Such a run leaves
+//! `docs/performance.md` as it is.
 //!
 //! `--profile-seconds N` runs nothing but scenario 5's 64 tasks for about N
 //! seconds, on one subject (`--profile-subject ours|rslock|floor|guard`,
@@ -111,7 +112,9 @@ fn main() {
         return;
     }
     let quick = args.iter().any(|a| a == "--quick");
-    let no_docs = args.iter().any(|a| a == "--no-docs");
+    // A run from a task leaves the docs alone: their tables are of runs
+    // from `block_on`, comparable with each other.
+    let no_docs = args.iter().any(|a| a == "--no-docs" || a == "--in-task");
     let only: Option<Vec<String>> = args
         .iter()
         .position(|a| a == "--only")
@@ -331,7 +334,7 @@ async fn run(quick: bool, only: Option<Vec<String>>, no_docs: bool) {
     // section; a partial run (`--only`) would leave holes, so it writes none.
     let page = root.join("docs/performance.md");
     if no_docs || only.is_some() {
-        println!("docs/performance.md left as it is (--only or --no-docs)");
+        println!("docs/performance.md left as it is (--only, --no-docs or --in-task)");
         return;
     }
     let kind = if quick {
