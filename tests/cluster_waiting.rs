@@ -155,9 +155,9 @@ async fn a_waiter_hears_the_release_after_its_slot_moved() {
     }
     // The link noticed and subscribed again.
     tokio::time::sleep(Duration::from_millis(1000)).await;
-    let before = holding(&clusters, &res);
+    let before = clusters.holding(&res);
     let released = Instant::now();
-    assert_released(a.unlock(&held).await.unwrap(), before);
+    clusters.assert_released(a.unlock(&held).await.unwrap(), before);
     let next = waiting
         .await
         .unwrap()
@@ -187,25 +187,6 @@ async fn a_waiter_hears_the_release_after_its_slot_moved() {
         lock_keys(&clusters)
     );
 }
-/// How many of the clusters hold `key` now.
-fn holding(clusters: &RedisClusters, key: &str) -> usize {
-    clusters
-        .iter()
-        .filter(|c| c.get(key.as_bytes()).is_some())
-        .count()
-}
-
-/// A lock is granted at a quorum: a cluster whose request outlasted the
-/// node timeout (its first, with the connection made at that call, on a
-/// loaded machine) never took the key and has nothing to release. Every
-/// cluster that held it (`held`, counted just before) releases it.
-fn assert_released(unlocked: usize, held: usize) {
-    assert!(
-        unlocked >= held.max(3),
-        "released on {unlocked} clusters, held on {held}"
-    );
-}
-
 /// The name of the waiting protocol (`K`, `0xFF`, then `suffix`) in the
 /// slot of lock key `K`, as the crate names it on a cluster node: `{tag}`
 /// first, the tag the shortest decimal number whose slot is `K`'s.
@@ -427,17 +408,17 @@ async fn a_lock_user_with_the_documented_rule_waits_on_cluster_nodes() {
     };
     tokio::time::sleep(Duration::from_millis(500)).await;
     let key = format!("app:{res}");
-    let before = holding(&clusters, &key);
+    let before = clusters.holding(&key);
     let released = Instant::now();
-    assert_released(a.unlock(&held).await.unwrap(), before);
+    clusters.assert_released(a.unlock(&held).await.unwrap(), before);
     let next = waiting.await.unwrap().expect("woken by the release");
     let took = released.elapsed();
     println!("a lock user's waiter took it {took:?} after the release");
     assert!(took < WOKEN, "not woken by the release: {took:?}");
     let next = c.extend(&next, HOLD).await.unwrap();
     assert_eq!(c.fencing_token(&next).await.unwrap(), 1);
-    let before = holding(&clusters, &key);
-    assert_released(c.unlock(&next).await.unwrap(), before);
+    let before = clusters.holding(&key);
+    clusters.assert_released(c.unlock(&next).await.unwrap(), before);
     let mut denials = Vec::new();
     for cluster in clusters.iter() {
         for m in 0..cluster.masters() {

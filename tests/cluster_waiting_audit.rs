@@ -49,25 +49,6 @@ fn manager(urls: &[String]) -> Redlock {
         .unwrap()
 }
 
-/// How many of the clusters hold `key` now.
-fn holding(clusters: &RedisClusters, key: &str) -> usize {
-    clusters
-        .iter()
-        .filter(|c| c.get(key.as_bytes()).is_some())
-        .count()
-}
-
-/// A lock is granted at a quorum: a cluster whose request outlasted the
-/// node timeout (its first, with the connection made at that call, on a
-/// loaded machine) never took the key and has nothing to release. Every
-/// cluster that held it (`held`, counted just before) releases it.
-fn assert_released(unlocked: usize, held: usize) {
-    assert!(
-        unlocked >= held.max(3),
-        "released on {unlocked} clusters, held on {held}"
-    );
-}
-
 /// A manager that polls every `delay` (for the fallback tests).
 fn polling_manager(urls: &[String], delay: Duration) -> Redlock {
     Redlock::builder(urls.iter().map(String::as_str))
@@ -1061,9 +1042,9 @@ async fn on_valkey_9_waiters_are_woken_by_the_release() {
             waiter(&c, &res, PATIENCE, Duration::from_millis(20)),
         ];
         settle_waiters().await;
-        let before = holding(&clusters, &res);
+        let before = clusters.holding(&res);
         let released = Instant::now();
-        assert_released(a.unlock(&held).await.unwrap(), before);
+        clusters.assert_released(a.unlock(&held).await.unwrap(), before);
         let delays = handoffs(released, turns(waiting).await);
         println!("round {round}: hand-offs {delays:?}");
         assert!(delays.iter().all(|d| *d < WOKEN), "{delays:?}");
@@ -1681,9 +1662,9 @@ async fn an_unserved_slot_does_not_take_the_other_subscriptions_down() {
     let hellos = blocking(|| probe.calls("hello"));
     tokio::time::sleep(Duration::from_secs(4)).await;
     let sessions = (blocking(|| probe.calls("hello")) - hellos) / 2;
-    let before = holding(&clusters, &k);
+    let before = clusters.holding(&k);
     let released = Instant::now();
-    assert_released(a.unlock(&held).await.unwrap(), before);
+    clusters.assert_released(a.unlock(&held).await.unwrap(), before);
     let delays = handoffs(released, turns(waiting).await);
     println!(
         "hand-offs on the served key {delays:?}; subscription connections made in 4 s \

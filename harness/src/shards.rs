@@ -863,6 +863,31 @@ impl RedisClusters {
     pub fn iter(&self) -> std::slice::Iter<'_, RedisCluster> {
         self.clusters.iter()
     }
+
+    /// How many of the clusters hold `key` now.
+    pub fn holding(&self, key: &str) -> usize {
+        self.iter()
+            .filter(|c| c.get(key.as_bytes()).is_some())
+            .count()
+    }
+
+    /// Asserts what a release of a lock told (`unlocked`: the clusters it
+    /// released on) against the clusters that held its key just before
+    /// (`held`, from [`holding`](RedisClusters::holding)). A lock is granted
+    /// at a quorum: a cluster whose request outlasted the node timeout (its
+    /// first, with the connection made at that call, on a loaded machine)
+    /// never took the key and has nothing to release. Every cluster that
+    /// held it must release it, and at least a quorum of the clusters.
+    ///
+    /// # Panics
+    /// When it released on fewer.
+    pub fn assert_released(&self, unlocked: usize, held: usize) {
+        let quorum = self.len() / 2 + 1;
+        assert!(
+            unlocked >= held.max(quorum),
+            "released on {unlocked} clusters, held on {held}"
+        );
+    }
 }
 
 impl Index<usize> for RedisClusters {
