@@ -24,20 +24,12 @@
 use std::time::{Duration, Instant};
 
 use redlock_harness::proxy::{Fault, Proxy};
-use redlock_harness::{Cluster, keys, resource};
+use redlock_harness::{Cluster, resource};
 use redlock_quorum::Redlock;
 
 const TTL: Duration = Duration::from_secs(30);
 const POLL: Duration = Duration::from_secs(30);
 const NOTIFIED: Duration = Duration::from_secs(5);
-
-fn flagged(cluster: &Cluster, i: usize, key: &str) -> bool {
-    redis::cmd("EXISTS")
-        .arg(keys::waiting(key))
-        .query::<i64>(&mut cluster.conn(i))
-        .unwrap()
-        == 1
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_during_a_partition_longer_than_the_lease_still_wakes_the_waiter() {
@@ -61,7 +53,7 @@ async fn a_release_during_a_partition_longer_than_the_lease_still_wakes_the_wait
         tokio::spawn(async move { waiter.lock_within(&res, TTL, Duration::from_secs(60)).await })
     };
     assert!(cluster.eventually(Duration::from_secs(10), |c| {
-        (0..c.len()).all(|i| flagged(c, i, &res))
+        (0..c.len()).all(|i| c.flagged(i, &res))
     }));
     tokio::time::sleep(Duration::from_millis(500)).await;
     // The waiter's manager is cut off from every node for 8 s (its flags
@@ -71,7 +63,7 @@ async fn a_release_during_a_partition_longer_than_the_lease_still_wakes_the_wait
     }
     tokio::time::sleep(Duration::from_secs(7)).await;
     assert!(
-        (0..cluster.len()).all(|i| !flagged(&cluster, i, &res)),
+        (0..cluster.len()).all(|i| !cluster.flagged(i, &res)),
         "the flags lapsed"
     );
     holder.unlock(&lock).await.unwrap();

@@ -12,7 +12,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use redlock_harness::proxy::{Fault, Proxy};
-use redlock_harness::{Cluster, keys, releases_drained, resource, warm};
+use redlock_harness::runtimes::{current_thread, multi_thread};
+use redlock_harness::{Cluster, releases_drained, resource, warm};
 use redlock_quorum::Redlock;
 
 const TTL: Duration = Duration::from_secs(60);
@@ -361,21 +362,6 @@ async fn steps_cancelled_mid_round_leave_no_key_and_no_hang() {
     assert!(failures.is_empty(), "{failures:#?}");
 }
 
-fn multi_thread() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime")
-}
-
-fn current_thread() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("runtime")
-}
-
 /// Lock and extend on a runtime while two of five nodes are slow (300 ms
 /// replies) or paused, so that both return at a quorum and their requests
 /// to the slow nodes are left to a spawned task; then that runtime is shut
@@ -506,52 +492,12 @@ fn a_runtime_shut_down_mid_round_then_the_manager_on_a_new_one() {
 const NOTIFIED: Duration = Duration::from_secs(5);
 const POLL: Duration = Duration::from_secs(30);
 
-fn subscribers(cluster: &Cluster, i: usize, key: &str) -> i64 {
-    let (_, n): (Vec<u8>, i64) = redis::cmd("PUBSUB")
-        .arg("NUMSUB")
-        .arg(keys::release_channel(key))
-        .query(&mut cluster.conn(i))
-        .unwrap();
-    n
-}
-
-fn flagged(cluster: &Cluster, i: usize, key: &str) -> bool {
-    redis::cmd("EXISTS")
-        .arg(keys::waiting(key))
-        .query::<i64>(&mut cluster.conn(i))
-        .unwrap()
-        == 1
-}
-
-/// Calls of `command` (as `INFO commandstats` names it) on node `i` since
-/// its last `CONFIG RESETSTAT`, commands run by scripts included.
-fn calls(cluster: &Cluster, i: usize, command: &str) -> u64 {
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query(&mut cluster.conn(i))
-        .unwrap();
-    let prefix = format!("cmdstat_{command}:calls=");
-    info.lines()
-        .find_map(|l| l.strip_prefix(&prefix))
-        .and_then(|rest| rest.split(',').next())
-        .map_or(0, |n| n.parse().unwrap())
-}
-
-fn reset_stats(cluster: &Cluster) {
-    for i in 0..cluster.len() {
-        let _: () = redis::cmd("CONFIG")
-            .arg("RESETSTAT")
-            .query(&mut cluster.conn(i))
-            .unwrap();
-    }
-}
-
 /// Whether a `PUBLISH` ran on some node since the stats were reset. (On
 /// every node it need not: the first publish wakes the waiter, which may
 /// take the lock and unsubscribe before a slower node runs the release;
 /// seen on a loaded machine.)
 fn published_somewhere(cluster: &Cluster) -> bool {
-    (0..cluster.len()).any(|i| calls(cluster, i, "publish") > 0)
+    (0..cluster.len()).any(|i| cluster.calls(i, "publish") > 0)
 }
 
 fn flush_everywhere(cluster: &Cluster) {
@@ -623,11 +569,11 @@ async fn flagged_releases_after_script_flush_wake_each_waiter() {
             .collect();
         assert!(
             cluster.eventually(Duration::from_secs(5), |c| (0..3)
-                .all(|i| subscribers(c, i, &res) == 2 && flagged(c, i, &res))),
+                .all(|i| c.subscribers(i, &res) == 2 && c.flagged(i, &res))),
             "round {round}: the waiters never subscribed and flagged the key everywhere"
         );
         flush_everywhere(&cluster);
-        reset_stats(&cluster);
+        cluster.reset_stats();
         let t = Instant::now();
         let released = holder.unlock(&lock).await;
         // A quorum: on a loaded machine a waiter's first attempt can reach
@@ -655,7 +601,7 @@ async fn flagged_releases_after_script_flush_wake_each_waiter() {
         flush_everywhere(&cluster);
         let manager = &managers[i];
         let held = cluster.values(&res);
-        reset_stats(&cluster);
+        cluster.reset_stats();
         let t = Instant::now();
         let released = manager.unlock(&first).await;
         // The first release set the flag again for the manager it did not
@@ -761,11 +707,11 @@ async fn a_holder_denied_the_flag_releases_and_wakes_a_waiter() {
         })];
         assert!(
             cluster.eventually(Duration::from_secs(5), |c| (0..3)
-                .all(|i| subscribers(c, i, key) == 1 && flagged(c, i, key))),
+                .all(|i| c.subscribers(i, key) == 1 && c.flagged(i, key))),
             "round {round}: the waiter never subscribed and flagged the key everywhere"
         );
         flush_everywhere(&cluster);
-        reset_stats(&cluster);
+        cluster.reset_stats();
         let t = Instant::now();
         let released = holder.unlock(&lock).await;
         // A quorum (see `flagged_releases_after_script_flush_wake_each_waiter`).

@@ -32,51 +32,11 @@ fn slow_poller(cluster: &Cluster) -> Redlock {
         .unwrap()
 }
 
-/// Calls of `command` (as `INFO commandstats` names it) on node `i` since
-/// its last `CONFIG RESETSTAT`, commands run by scripts included.
-fn calls(cluster: &Cluster, i: usize, command: &str) -> u64 {
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query(&mut cluster.conn(i))
-        .unwrap();
-    let prefix = format!("cmdstat_{command}:calls=");
-    info.lines()
-        .find_map(|l| l.strip_prefix(&prefix))
-        .and_then(|rest| rest.split(',').next())
-        .map_or(0, |n| n.parse().unwrap())
-}
-
-fn reset_stats(cluster: &Cluster) {
-    for i in 0..cluster.len() {
-        let _: () = redis::cmd("CONFIG")
-            .arg("RESETSTAT")
-            .query(&mut cluster.conn(i))
-            .unwrap();
-    }
-}
-
-fn flagged(cluster: &Cluster, i: usize, key: &str) -> bool {
-    redis::cmd("EXISTS")
-        .arg(keys::waiting(key))
-        .query::<i64>(&mut cluster.conn(i))
-        .unwrap()
-        == 1
-}
-
-fn subscribers(cluster: &Cluster, i: usize, key: &str) -> i64 {
-    let (_, n): (Vec<u8>, i64) = redis::cmd("PUBSUB")
-        .arg("NUMSUB")
-        .arg(keys::release_channel(key))
-        .query(&mut cluster.conn(i))
-        .unwrap();
-    n
-}
-
 /// Whether, within 5 s, every node counts `managers` subscribers of
 /// `key`'s release channel and has its waiting flag.
 fn waiting_everywhere(cluster: &Cluster, key: &str, managers: i64) -> bool {
     cluster.eventually(Duration::from_secs(5), |c| {
-        (0..c.len()).all(|i| subscribers(c, i, key) == managers && flagged(c, i, key))
+        (0..c.len()).all(|i| c.subscribers(i, key) == managers && c.flagged(i, key))
     })
 }
 
@@ -84,7 +44,7 @@ fn waiting_everywhere(cluster: &Cluster, key: &str, managers: i64) -> bool {
 /// node, how many `PUBSUB NUMSUB` and `PUBLISH` calls they cost (the
 /// unlocks are checked to have reached the nodes: the test can fail).
 async fn uncontended(cluster: &Cluster, redlock: &Redlock, res: &str, cycles: u64) -> Vec<u64> {
-    reset_stats(cluster);
+    cluster.reset_stats();
     for _ in 0..cycles {
         let lock = redlock.try_lock(res, TTL).await.unwrap();
         redlock.unlock(&lock).await.unwrap();
@@ -93,8 +53,8 @@ async fn uncontended(cluster: &Cluster, redlock: &Redlock, res: &str, cycles: u6
         .map(|i| {
             // Every release ran on every node (the script, or its load
             // and run again after `NOSCRIPT`).
-            assert!(calls(cluster, i, "evalsha") >= cycles, "node {i}");
-            calls(cluster, i, "pubsub|numsub") + calls(cluster, i, "publish")
+            assert!(cluster.calls(i, "evalsha") >= cycles, "node {i}");
+            cluster.calls(i, "pubsub|numsub") + cluster.calls(i, "publish")
         })
         .collect()
 }
@@ -130,12 +90,12 @@ async fn a_release_nobody_waits_for_neither_asks_nor_publishes() {
     // Once nobody subscribes, the next release leaves the flag deleted,
     // and releases are cheap again.
     assert!(cluster.eventually(Duration::from_secs(5), |c| {
-        (0..c.len()).all(|i| subscribers(c, i, &res) == 0)
+        (0..c.len()).all(|i| c.subscribers(i, &res) == 0)
     }));
     let lock = holder.try_lock(&res, TTL).await.unwrap();
     holder.unlock(&lock).await.unwrap();
     for i in 0..cluster.len() {
-        assert!(!flagged(&cluster, i, &res), "node {i}: the flag is gone");
+        assert!(!cluster.flagged(i, &res), "node {i}: the flag is gone");
     }
     assert_eq!(
         uncontended(&cluster, &holder, &res, 20).await,
@@ -221,12 +181,12 @@ async fn a_flag_lost_while_waiting_wakes_the_waiter_at_the_next_renewal() {
             .query(&mut cluster.conn(i))
             .unwrap();
     }
-    reset_stats(&cluster);
+    cluster.reset_stats();
     let released = Instant::now();
     holder.unlock(&lock).await.unwrap();
     for i in 0..cluster.len() {
         assert_eq!(
-            calls(&cluster, i, "publish"),
+            cluster.calls(i, "publish"),
             0,
             "node {i}: no flag, no publish"
         );

@@ -7,25 +7,11 @@
 
 use std::time::{Duration, Instant};
 
+use redlock_harness::runtimes::{current_thread, multi_thread};
 use redlock_harness::{Cluster, resource};
 use redlock_quorum::Redlock;
 
 const TTL: Duration = Duration::from_secs(10);
-
-fn multi_thread() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime")
-}
-
-fn current_thread() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("runtime")
-}
 
 fn manager(cluster: &Cluster) -> Redlock {
     cluster

@@ -101,6 +101,38 @@ impl Cluster {
         raw::conn(&self.urls[i])
     }
 
+    /// How many times node `i` ran `command` since it started or the last
+    /// [`reset_stats`](Cluster::reset_stats) ([`raw::calls`](crate::raw::calls)).
+    pub fn calls(&self, i: usize, command: &str) -> u64 {
+        raw::calls(&self.urls[i], command)
+    }
+
+    /// Resets every node's command statistics (`CONFIG RESETSTAT`).
+    pub fn reset_stats(&self) {
+        self.urls.iter().for_each(|url| raw::reset_stats(url));
+    }
+
+    /// How many clients subscribe the release channel of `lock_key` on
+    /// node `i` (`PUBSUB NUMSUB`).
+    pub fn subscribers(&self, i: usize, lock_key: &str) -> i64 {
+        let (_, n): (Vec<u8>, i64) = redis::cmd("PUBSUB")
+            .arg("NUMSUB")
+            .arg(crate::keys::release_channel(lock_key))
+            .query(&mut self.conn(i))
+            .expect("PUBSUB NUMSUB");
+        n
+    }
+
+    /// Whether node `i` holds the waiting flag of `lock_key` (a waiting
+    /// manager's mark for the release's gate).
+    pub fn flagged(&self, i: usize, lock_key: &str) -> bool {
+        redis::cmd("EXISTS")
+            .arg(crate::keys::waiting(lock_key))
+            .query::<i64>(&mut self.conn(i))
+            .expect("EXISTS")
+            == 1
+    }
+
     /// Whether the nodes' server knows the command `name` (asked of node 0
     /// with `COMMAND INFO`): for tests whose path depends on the server
     /// family and version.

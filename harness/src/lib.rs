@@ -36,6 +36,7 @@ pub mod keys;
 pub mod node_redlock;
 pub mod proxy;
 pub mod raw;
+pub mod runtimes;
 pub mod server;
 pub mod shards;
 pub mod workload;
