@@ -384,6 +384,7 @@ impl RedlockBuilder {
                 generation,
                 waits,
                 extensions: Default::default(),
+                finishers: Default::default(),
             }),
         })
     }

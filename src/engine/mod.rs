@@ -42,6 +42,7 @@ pub(crate) mod dial;
 pub(crate) mod extend;
 pub(crate) mod fanout;
 pub(crate) mod fence;
+pub(crate) mod finisher;
 pub(crate) mod health;
 pub(crate) mod identities;
 pub(crate) mod inflight;
@@ -98,6 +99,9 @@ pub(crate) struct Inner {
     /// Extension rounds still in flight, for the handles that do not know
     /// them; see [`Extensions`](inflight::Extensions).
     pub(crate) extensions: inflight::Extensions,
+    /// Finishes the requests a round left pending at a quorum; see
+    /// [`finisher`].
+    pub(crate) finishers: finisher::Finishers,
 }
 
 impl Inner {

@@ -3,7 +3,7 @@
 //! outcome is certain.
 //!
 //! When a round stops at a quorum, the requests still pending are finished
-//! by a spawned task, so that slower nodes get the write too. Anything that
+//! by the manager's [finisher](crate::engine::finisher) task, so that slower nodes get the write too. Anything that
 //! later touches the same key on a node (a release, say) must come after
 //! that node's pending request, or a late `SET` could land after the
 //! release and leave the key behind for its whole ttl. [`InFlight`] tracks
@@ -80,8 +80,8 @@ pub(crate) struct Round {
 /// and count as not answering.
 ///
 /// With [`Until::Decided`] the round returns as soon as the outcome is
-/// certain. The requests still pending then are finished by a spawned task
-/// when the round reached a quorum, and dropped when it did not (the caller
+/// certain. The requests still pending then are finished by the finisher
+/// task when the round reached a quorum, and dropped when it did not (the caller
 /// releases everywhere next, after each node's request settled). Each
 /// node's request waits first for that node's requests in `after`.
 ///
@@ -165,14 +165,15 @@ where
     }
     if tally.quorum_at.is_some() && !pending.is_empty() {
         let settled_rest = settled.clone();
-        // Each is bounded by the timeouts, so the task ends soon.
-        tokio::spawn(async move {
+        // Each is bounded by the timeouts, so the finisher is done with
+        // them soon.
+        inner.finishers.hand_off(Box::pin(async move {
             let mut timer = std::pin::pin!(tokio::time::sleep_until(deadline));
             while next(&mut pending, timer.as_mut(), &settled_rest)
                 .await
                 .is_some()
             {}
-        });
+        }));
     }
     // A round that heard every node leaves nothing in flight.
     Round {

@@ -1,0 +1,342 @@
+//! The finisher: one task per manager and runtime that finishes the
+//! requests a round left pending when it stopped at a quorum (see
+//! [`round`](crate::engine::round)).
+//!
+//! Spawning a task per round for them cost the caller a wake-up of a
+//! parked worker thread whenever the round ran outside the runtime's
+//! workers (from `block_on`'s thread, or a `spawn_blocking` thread): the
+//! spawn goes through the runtime's shared queue and unparks a worker, on
+//! the caller's time. Handed to the finisher, the leftovers are polled once
+//! by the caller with the finisher task's waker, so that their replies wake
+//! the finisher (on the worker whose connection read them) and nobody is
+//! woken at the hand-off.
+//!
+//! # Worst days
+//! - **Runtimes.** A leftover holds timers of the runtime it was made in,
+//!   which must not be polled once that runtime shut down: each runtime
+//!   has its own finisher, found by its [`Id`](tokio::runtime::Id). A
+//!   runtime that shuts down drops its finisher and with it every leftover
+//!   (each marks its request settled as it is dropped, as the spawned task
+//!   did); runtime ids are never reused, so its entry is only pruned.
+//! - **Many leftovers** (a paused node leaves one per round for the node
+//!   timeout): they sit in a `FuturesUnordered`, which polls only those
+//!   that woke.
+//! - **The manager dropped.** Its finishers end once their leftovers have
+//!   (each is bounded by the timeouts); none is left parked for ever.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll, Waker};
+
+use futures::stream::{FuturesUnordered, StreamExt};
+use tokio::runtime::{Handle, Id};
+
+/// A round's pending requests, as one future.
+pub(crate) type Leftover = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+/// The finishers of one manager, one per runtime it ran rounds in.
+#[derive(Default)]
+pub(crate) struct Finishers {
+    by_runtime: Mutex<Vec<(Id, Arc<Shared>)>>,
+}
+
+impl std::fmt::Debug for Finishers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Finishers")
+            .field("runtimes", &lock(&self.by_runtime).len())
+            .finish()
+    }
+}
+
+/// What a finisher task shares with the rounds that hand it work.
+#[derive(Default)]
+struct Shared {
+    state: Mutex<State>,
+}
+
+#[derive(Default)]
+struct State {
+    leftovers: FuturesUnordered<Leftover>,
+    /// The task's waker, once it ran: the hand-off polls with it.
+    waker: Option<Waker>,
+    /// Whether the task was spawned and not dropped yet.
+    running: bool,
+    /// Set when the manager is dropped: the task ends once it has no
+    /// leftovers.
+    closed: bool,
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A poison means a leftover panicked while polled; the state is still
+    // consistent (a set of futures and flags).
+    mutex.lock().unwrap_or_else(|poison| poison.into_inner())
+}
+
+impl State {
+    /// Polls the leftovers that woke (and those new) with `cx`, dropping
+    /// each that finished, until none is ready.
+    fn poll(&mut self, cx: &mut Context<'_>) {
+        while let Poll::Ready(Some(())) = self.leftovers.poll_next_unpin(cx) {}
+    }
+}
+
+impl Finishers {
+    /// Has `leftover` finished by this runtime's finisher, spawning it if
+    /// there is none. Must be called from within a Tokio runtime.
+    pub(crate) fn hand_off(&self, leftover: Leftover) {
+        let id = Handle::current().id();
+        let (shared, new) = {
+            let mut by_runtime = lock(&self.by_runtime);
+            match by_runtime.iter().position(|(runtime, _)| *runtime == id) {
+                Some(at) => (by_runtime[at].1.clone(), false),
+                None => {
+                    // Entries of runtimes that shut down (their task was
+                    // dropped) are of no use any more.
+                    by_runtime.retain(|(_, shared)| lock(&shared.state).running);
+                    let shared = Arc::new(Shared::default());
+                    // Running from here on: its task is spawned below.
+                    lock(&shared.state).running = true;
+                    by_runtime.push((id, shared.clone()));
+                    (shared, true)
+                }
+            }
+        };
+        let mut state = lock(&shared.state);
+        state.leftovers.push(leftover);
+        if !new {
+            if state.running {
+                // Polled here with the task's waker, the new leftover's
+                // requests wake the task when they settle. A task that
+                // has not run yet polls it on its first run.
+                if let Some(waker) = state.waker.clone() {
+                    state.poll(&mut Context::from_waker(&waker));
+                }
+                return;
+            }
+            // This runtime's task was dropped (the runtime is shutting
+            // down): a new one is dropped as it is spawned, with the
+            // leftover.
+            state.running = true;
+        }
+        drop(state);
+        let guard = Running(shared.clone());
+        tokio::spawn(async move {
+            let guard = guard;
+            std::future::poll_fn(|cx| {
+                let mut state = lock(&guard.0.state);
+                if !state
+                    .waker
+                    .as_ref()
+                    .is_some_and(|waker| waker.will_wake(cx.waker()))
+                {
+                    state.waker = Some(cx.waker().clone());
+                }
+                state.poll(cx);
+                if state.closed && state.leftovers.is_empty() {
+                    Poll::Ready(())
+                } else {
+                    Poll::Pending
+                }
+            })
+            .await;
+        });
+    }
+}
+
+impl Drop for Finishers {
+    fn drop(&mut self) {
+        for (_, shared) in lock(&self.by_runtime).drain(..) {
+            let mut state = lock(&shared.state);
+            state.closed = true;
+            if let Some(waker) = state.waker.take() {
+                waker.wake();
+            }
+        }
+    }
+}
+
+/// Owned by the finisher task (also before its first poll): marks the
+/// finisher gone when the task ends or is dropped with its runtime, and
+/// drops the leftovers then, outside the lock.
+struct Running(Arc<Shared>);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let leftovers = {
+            let mut state = lock(&self.0.state);
+            state.running = false;
+            state.waker = None;
+            std::mem::take(&mut state.leftovers)
+        };
+        drop(leftovers);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::time::Duration;
+
+    /// A leftover that counts its completion after `delay`.
+    fn counted(delay: Duration, done: &Arc<AtomicUsize>) -> Leftover {
+        let done = done.clone();
+        Box::pin(async move {
+            tokio::time::sleep(delay).await;
+            done.fetch_add(1, Ordering::SeqCst);
+        })
+    }
+
+    async fn until(done: &AtomicUsize, count: usize) {
+        tokio::time::timeout(Duration::from_secs(10), async {
+            while done.load(Ordering::SeqCst) < count {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        })
+        .await
+        .expect("the finisher finished every leftover");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn leftovers_handed_off_finish_including_those_after_the_first() {
+        let finishers = Finishers::default();
+        let done = Arc::new(AtomicUsize::new(0));
+        for i in 0..200u64 {
+            finishers.hand_off(counted(Duration::from_millis(i % 7), &done));
+            if i % 50 == 0 {
+                tokio::task::yield_now().await;
+            }
+        }
+        until(&done, 200).await;
+        // One task for every hand-off of this runtime.
+        assert_eq!(finishers.by_runtime.lock().unwrap().len(), 1);
+    }
+
+    /// A finisher with nothing to do is parked: a leftover handed to it
+    /// then must still wake it when it is ready (the hand-off polls it with
+    /// the task's waker; pushed alone, it would wait for ever).
+    #[test]
+    fn a_leftover_handed_to_an_idle_finisher_finishes() {
+        for flavor in ["current_thread", "multi_thread"] {
+            let runtime = match flavor {
+                "current_thread" => tokio::runtime::Builder::new_current_thread(),
+                _ => tokio::runtime::Builder::new_multi_thread(),
+            }
+            .enable_all()
+            .build()
+            .unwrap();
+            let finishers = Finishers::default();
+            let done = Arc::new(AtomicUsize::new(0));
+            runtime.block_on(async {
+                for round in 1..=3 {
+                    finishers.hand_off(counted(Duration::from_millis(5), &done));
+                    until(&done, round).await;
+                    // Parked, its one leftover done.
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            });
+        }
+    }
+
+    /// A hand-off from `block_on`'s thread (not a worker) is finished by
+    /// the task too.
+    #[test]
+    fn leftovers_from_block_on_finish() {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let finishers = Finishers::default();
+        let done = Arc::new(AtomicUsize::new(0));
+        runtime.block_on(async {
+            for _ in 0..100 {
+                finishers.hand_off(counted(Duration::from_millis(2), &done));
+                tokio::time::sleep(Duration::from_micros(300)).await;
+            }
+            until(&done, 100).await;
+        });
+    }
+
+    /// A runtime that shut down dropped its finisher and its leftovers
+    /// (whose timers no other runtime may poll), while another runtime's
+    /// finisher goes on; a later runtime gets a finisher of its own.
+    #[test]
+    fn each_runtime_has_its_own_finisher() {
+        struct CountDrop(Arc<AtomicUsize>);
+        impl Drop for CountDrop {
+            fn drop(&mut self) {
+                self.0.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+        let finishers = Finishers::default();
+        let done = Arc::new(AtomicUsize::new(0));
+        let dropped = Arc::new(AtomicUsize::new(0));
+        let long = |dropped: &Arc<AtomicUsize>| -> Leftover {
+            let count = CountDrop(dropped.clone());
+            Box::pin(async move {
+                let _count = count;
+                tokio::time::sleep(Duration::from_secs(3600)).await;
+            })
+        };
+        let kept = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        kept.block_on(async {
+            finishers.hand_off(long(&dropped));
+            tokio::task::yield_now().await;
+        });
+        let short = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        short.block_on(async {
+            finishers.hand_off(long(&dropped));
+            tokio::task::yield_now().await;
+        });
+        drop(short);
+        assert_eq!(
+            dropped.load(Ordering::SeqCst),
+            1,
+            "dropped with its runtime"
+        );
+        kept.block_on(async {
+            finishers.hand_off(counted(Duration::from_millis(1), &done));
+            until(&done, 1).await;
+        });
+        let later = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        later.block_on(async {
+            finishers.hand_off(counted(Duration::from_millis(1), &done));
+            until(&done, 2).await;
+        });
+        // The shut-down runtime's entry was pruned when the later one came.
+        assert_eq!(finishers.by_runtime.lock().unwrap().len(), 2);
+        drop(kept);
+        assert_eq!(dropped.load(Ordering::SeqCst), 2);
+    }
+
+    /// Dropping the manager ends its finisher once its leftovers did.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_task_ends_with_the_manager() {
+        let finishers = Finishers::default();
+        let done = Arc::new(AtomicUsize::new(0));
+        finishers.hand_off(counted(Duration::from_millis(20), &done));
+        let shared = finishers.by_runtime.lock().unwrap()[0].1.clone();
+        tokio::task::yield_now().await;
+        drop(finishers);
+        until(&done, 1).await;
+        tokio::time::timeout(Duration::from_secs(10), async {
+            while lock(&shared.state).running {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        })
+        .await
+        .expect("the finisher ended");
+    }
+}
