@@ -364,7 +364,7 @@ async fn steps_cancelled_mid_round_leave_no_key_and_no_hang() {
 
 /// Lock and extend on a runtime while two of five nodes are slow (300 ms
 /// replies) or paused, so that both return at a quorum and their requests
-/// to the slow nodes are left to a spawned task; then that runtime is shut
+/// to the slow nodes are left to the finisher task; then that runtime is shut
 /// down with them in flight (and with a lock attempt of its own cancelled
 /// mid-round). On a new runtime the same manager unlocks: the requests the
 /// shutdown dropped count as settled (their marks dropped with them), so

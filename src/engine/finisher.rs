@@ -4,12 +4,12 @@
 //!
 //! Spawning a task per round for them cost the caller a wake-up of a
 //! parked worker thread whenever the round ran outside the runtime's
-//! workers (from `block_on`'s thread, or a `spawn_blocking` thread): the
+//! workers (from `block_on`'s thread, or a `spawn_blocking` one): the
 //! spawn goes through the runtime's shared queue and unparks a worker, on
-//! the caller's time. Handed to the finisher, the leftovers are polled once
-//! by the caller with the finisher task's waker, so that their replies wake
-//! the finisher (on the worker whose connection read them) and nobody is
-//! woken at the hand-off.
+//! the caller's time. Handed to the finisher, a round's leftover is polled
+//! by the caller with the finisher task's waker, so that its replies wake
+//! the finisher (on the worker whose connection read them), and the
+//! hand-off itself wakes nobody (see [`fresh`]).
 //!
 //! # Worst days
 //! - **Runtimes.** A leftover holds timers of the runtime it was made in,
@@ -17,10 +17,12 @@
 //!   has its own finisher, found by its [`Id`](tokio::runtime::Id). A
 //!   runtime that shuts down drops its finisher and with it every leftover
 //!   (each marks its request settled as it is dropped, as the spawned task
-//!   did); runtime ids are never reused, so its entry is only pruned.
+//!   did); its entry is pruned when a new runtime comes (a later runtime
+//!   that reuses its id finds the entry without a task and spawns one).
 //! - **Many leftovers** (a paused node leaves one per round for the node
 //!   timeout): they sit in a `FuturesUnordered`, which polls only those
 //!   that woke.
+//! - **A leftover that panics** is dropped alone; the others go on.
 //! - **The manager dropped.** Its finishers end once their leftovers have
 //!   (each is bounded by the timeouts); none is left parked for ever.
 
@@ -29,6 +31,7 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
 
+use futures::FutureExt;
 use futures::stream::{FuturesUnordered, StreamExt};
 use tokio::runtime::{Handle, Id};
 
@@ -50,13 +53,12 @@ impl std::fmt::Debug for Finishers {
 }
 
 /// What a finisher task shares with the rounds that hand it work.
-#[derive(Default)]
 struct Shared {
     state: Mutex<State>,
 }
 
-#[derive(Default)]
 struct State {
+    /// The leftovers, beside one that never finishes (see [`fresh`]).
     leftovers: FuturesUnordered<Leftover>,
     /// The task's waker, once it ran: the hand-off polls with it.
     waker: Option<Waker>,
@@ -67,6 +69,18 @@ struct State {
     closed: bool,
 }
 
+/// A set of leftovers holding one future that never finishes and is never
+/// woken. `FuturesUnordered` wakes its own waker when one call polled every
+/// future in it (so as not to starve other tasks): without that future, a
+/// hand-off to an idle finisher (one new leftover, polled alone) would wake
+/// the finisher task from the caller's thread, the cost the finisher is
+/// there to save.
+fn fresh() -> FuturesUnordered<Leftover> {
+    let set = FuturesUnordered::new();
+    set.push(Box::pin(std::future::pending()) as Leftover);
+    set
+}
+
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     // A poison means a leftover panicked while polled; the state is still
     // consistent (a set of futures and flags).
@@ -74,52 +88,84 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl State {
+    fn new() -> State {
+        State {
+            leftovers: fresh(),
+            waker: None,
+            running: false,
+            closed: false,
+        }
+    }
+
     /// Polls the leftovers that woke (and those new) with `cx`, dropping
     /// each that finished, until none is ready.
     fn poll(&mut self, cx: &mut Context<'_>) {
         while let Poll::Ready(Some(())) = self.leftovers.poll_next_unpin(cx) {}
+    }
+
+    /// Whether no leftover is pending.
+    fn idle(&self) -> bool {
+        self.leftovers.len() == 1
     }
 }
 
 impl Finishers {
     /// Has `leftover` finished by this runtime's finisher, spawning it if
     /// there is none. Must be called from within a Tokio runtime.
+    ///
+    /// The hand-off polls the finisher's set with the task's waker: the new
+    /// leftover, and any other that woke since the task last ran (each
+    /// answers at once). A leftover that panics is dropped alone.
     pub(crate) fn hand_off(&self, leftover: Leftover) {
+        let leftover: Leftover = Box::pin(
+            std::panic::AssertUnwindSafe(leftover)
+                .catch_unwind()
+                .map(|_| ()),
+        );
         let id = Handle::current().id();
-        let (shared, new) = {
+        let (shared, spawn) = {
             let mut by_runtime = lock(&self.by_runtime);
-            match by_runtime.iter().position(|(runtime, _)| *runtime == id) {
-                Some(at) => (by_runtime[at].1.clone(), false),
+            let shared = match by_runtime.iter().position(|(runtime, _)| *runtime == id) {
+                Some(at) => by_runtime[at].1.clone(),
                 None => {
                     // Entries of runtimes that shut down (their task was
                     // dropped) are of no use any more.
                     by_runtime.retain(|(_, shared)| lock(&shared.state).running);
-                    let shared = Arc::new(Shared::default());
-                    // Running from here on: its task is spawned below.
-                    lock(&shared.state).running = true;
+                    let shared = Arc::new(Shared {
+                        state: Mutex::new(State::new()),
+                    });
                     by_runtime.push((id, shared.clone()));
-                    (shared, true)
+                    shared
                 }
-            }
+            };
+            // Decided with the entry still in the list, so that no other
+            // hand-off prunes it between the decision and the spawn.
+            let mut state = lock(&shared.state);
+            let spawn = !state.running;
+            state.running = true;
+            drop(state);
+            (shared, spawn)
         };
         let mut state = lock(&shared.state);
         state.leftovers.push(leftover);
-        if !new {
+        if !spawn {
+            // Polled here with the task's waker, the new leftover wakes
+            // the task when it is ready. A task that has not run yet polls
+            // it on its first run. A task that was dropped meanwhile (its
+            // runtime shutting down) took the set and left a new one: the
+            // leftover is dropped with the state's next task, or here.
+            if let Some(waker) = state.waker.clone() {
+                state.poll(&mut Context::from_waker(&waker));
+            }
             if state.running {
-                // Polled here with the task's waker, the new leftover's
-                // requests wake the task when they settle. A task that
-                // has not run yet polls it on its first run.
-                if let Some(waker) = state.waker.clone() {
-                    state.poll(&mut Context::from_waker(&waker));
-                }
                 return;
             }
-            // This runtime's task was dropped (the runtime is shutting
-            // down): a new one is dropped as it is spawned, with the
-            // leftover.
             state.running = true;
         }
         drop(state);
+        // A new entry, or one whose task was dropped (its runtime is
+        // shutting down: the new task is dropped as it is spawned, with
+        // the leftovers).
         let guard = Running(shared.clone());
         tokio::spawn(async move {
             let guard = guard;
@@ -133,7 +179,7 @@ impl Finishers {
                     state.waker = Some(cx.waker().clone());
                 }
                 state.poll(cx);
-                if state.closed && state.leftovers.is_empty() {
+                if state.closed && state.idle() {
                     Poll::Ready(())
                 } else {
                     Poll::Pending
@@ -167,7 +213,7 @@ impl Drop for Running {
             let mut state = lock(&self.0.state);
             state.running = false;
             state.waker = None;
-            std::mem::take(&mut state.leftovers)
+            std::mem::replace(&mut state.leftovers, fresh())
         };
         drop(leftovers);
     }
@@ -239,24 +285,83 @@ mod tests {
         }
     }
 
-    /// A hand-off from `block_on`'s thread (not a worker) is finished by
-    /// the task too.
+    /// A waker that counts its wake-ups.
+    struct Count(AtomicUsize);
+    impl std::task::Wake for Count {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    /// The hand-off to an idle finisher polls the new leftover alone;
+    /// `FuturesUnordered` would wake the finisher's waker for it (from the
+    /// caller's thread) but for the future that never finishes.
+    #[test]
+    fn a_hand_off_to_an_idle_finisher_wakes_nobody() {
+        let count = Arc::new(Count(AtomicUsize::new(0)));
+        let waker = Waker::from(count.clone());
+        let mut state = State::new();
+        // The task's first poll, with nothing to do, polls the future
+        // that never finishes, alone: that wakes the task once (on its own
+        // thread), and never again, since that future is never woken.
+        state.poll(&mut Context::from_waker(&waker));
+        count.0.store(0, Ordering::SeqCst);
+        for _ in 0..3 {
+            state.leftovers.push(Box::pin(std::future::pending()));
+            state.poll(&mut Context::from_waker(&waker));
+        }
+        assert_eq!(count.0.load(Ordering::SeqCst), 0, "woken at the hand-off");
+        assert!(!state.idle());
+    }
+
+    /// From `block_on`'s thread (not a worker), on both kinds of runtime,
+    /// including hand-offs before the task first ran.
     #[test]
     fn leftovers_from_block_on_finish() {
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .unwrap();
+        for multi in [false, true] {
+            let runtime = if multi {
+                tokio::runtime::Builder::new_multi_thread()
+                    .worker_threads(2)
+                    .enable_all()
+                    .build()
+                    .unwrap()
+            } else {
+                tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .unwrap()
+            };
+            let finishers = Finishers::default();
+            let done = Arc::new(AtomicUsize::new(0));
+            runtime.block_on(async {
+                // Two before the task can have run on this runtime's
+                // thread (no await between).
+                finishers.hand_off(counted(Duration::from_millis(2), &done));
+                finishers.hand_off(counted(Duration::from_millis(3), &done));
+                for _ in 0..98 {
+                    finishers.hand_off(counted(Duration::from_millis(2), &done));
+                    tokio::time::sleep(Duration::from_micros(300)).await;
+                }
+                until(&done, 100).await;
+            });
+        }
+    }
+
+    /// A leftover that panics is dropped alone: the others finish, and
+    /// the finisher takes new ones.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_leftover_that_panics_is_dropped_alone() {
         let finishers = Finishers::default();
         let done = Arc::new(AtomicUsize::new(0));
-        runtime.block_on(async {
-            for _ in 0..100 {
-                finishers.hand_off(counted(Duration::from_millis(2), &done));
-                tokio::time::sleep(Duration::from_micros(300)).await;
-            }
-            until(&done, 100).await;
-        });
+        finishers.hand_off(counted(Duration::from_millis(30), &done));
+        tokio::task::yield_now().await;
+        finishers.hand_off(Box::pin(async {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            panic!("a leftover that panics (planted by the test)");
+        }));
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        finishers.hand_off(counted(Duration::from_millis(1), &done));
+        until(&done, 2).await;
     }
 
     /// A runtime that shut down dropped its finisher and its leftovers
@@ -321,22 +426,29 @@ mod tests {
         assert_eq!(dropped.load(Ordering::SeqCst), 2);
     }
 
-    /// Dropping the manager ends its finisher once its leftovers did.
+    /// Dropping the manager ends its finisher: at once when it has
+    /// nothing left (the drop wakes it), or once its leftovers finished.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn the_task_ends_with_the_manager() {
-        let finishers = Finishers::default();
-        let done = Arc::new(AtomicUsize::new(0));
-        finishers.hand_off(counted(Duration::from_millis(20), &done));
-        let shared = finishers.by_runtime.lock().unwrap()[0].1.clone();
-        tokio::task::yield_now().await;
-        drop(finishers);
-        until(&done, 1).await;
-        tokio::time::timeout(Duration::from_secs(10), async {
-            while lock(&shared.state).running {
-                tokio::time::sleep(Duration::from_millis(1)).await;
+        for leftover_pending in [false, true] {
+            let finishers = Finishers::default();
+            let done = Arc::new(AtomicUsize::new(0));
+            finishers.hand_off(counted(Duration::from_millis(20), &done));
+            let shared = finishers.by_runtime.lock().unwrap()[0].1.clone();
+            if !leftover_pending {
+                until(&done, 1).await;
+                // Parked, with nothing to do.
+                tokio::time::sleep(Duration::from_millis(20)).await;
             }
-        })
-        .await
-        .expect("the finisher ended");
+            drop(finishers);
+            until(&done, 1).await;
+            tokio::time::timeout(Duration::from_secs(10), async {
+                while lock(&shared.state).running {
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+            })
+            .await
+            .expect("the finisher ended");
+        }
     }
 }

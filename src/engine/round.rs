@@ -3,8 +3,8 @@
 //! outcome is certain.
 //!
 //! When a round stops at a quorum, the requests still pending are finished
-//! by the manager's [finisher](crate::engine::finisher) task, so that slower nodes get the write too. Anything that
-//! later touches the same key on a node (a release, say) must come after
+//! by the manager's [finisher](crate::engine::finisher) task, so that
+//! slower nodes get the write too. Anything that later touches the same key on a node (a release, say) must come after
 //! that node's pending request, or a late `SET` could land after the
 //! release and leave the key behind for its whole ttl. [`InFlight`] tracks
 //! which of a round's requests have settled, for that.
