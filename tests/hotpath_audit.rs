@@ -33,13 +33,6 @@ fn build(urls: &[String], node_timeout: Duration) -> Redlock {
         .unwrap()
 }
 
-fn script_flush(url: &str) {
-    let _: () = redis::cmd("SCRIPT")
-        .arg("FLUSH")
-        .query(&mut redlock_harness::raw::conn(url))
-        .unwrap();
-}
-
 /// The keys of `names` still on some node once the owed releases drained
 /// and every request still in flight has had time to land.
 async fn left_after_settling(
@@ -95,7 +88,7 @@ async fn steps_right_after_a_quorum_beside_slow_nodes_leave_no_key() {
             p.set(if i < slow { fault } else { Fault::NONE });
         }
         for i in 3..3 + slow {
-            script_flush(&cluster.urls()[i]);
+            redlock_harness::raw::script_flush(&cluster.urls()[i]);
         }
         let side = redlock
             .try_lock(&resource("side"), TTL)
@@ -502,7 +495,7 @@ fn published_somewhere(cluster: &Cluster) -> bool {
 
 fn flush_everywhere(cluster: &Cluster) {
     for url in cluster.urls() {
-        script_flush(url);
+        redlock_harness::raw::script_flush(url);
     }
 }
 

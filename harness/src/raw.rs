@@ -93,6 +93,15 @@ pub fn reset_stats(url: &str) {
         .expect("CONFIG RESETSTAT");
 }
 
+/// Empties the node's script cache (`SCRIPT FLUSH`): its next `EVALSHA`
+/// gets `NOSCRIPT`.
+pub fn script_flush(url: &str) {
+    let _: () = redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query(&mut conn(url))
+        .expect("SCRIPT FLUSH");
+}
+
 /// Whether the node at `url` runs Redis before 7.0 (Valkey never does),
 /// by `INFO server`: such a node takes no `SET … NX … GET`, and the
 /// library sends it scripts instead.
