@@ -14,7 +14,7 @@
 //! # Worst days
 //! - **Runtimes.** A leftover holds timers of the runtime it was made in,
 //!   which must not be polled once that runtime shut down: each runtime
-//!   has its own finisher, found by its [`Id`](tokio::runtime::Id). A
+//!   has its own finisher, found by its [runtime id](tokio::runtime::Id). A
 //!   runtime that shuts down drops its finisher and with it every leftover
 //!   (each marks its request settled as it is dropped, as the spawned task
 //!   did); its entry is pruned when a new runtime comes (a later runtime
