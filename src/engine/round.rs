@@ -3,8 +3,10 @@
 //! outcome is certain.
 //!
 //! When a round stops at a quorum, the requests still pending are finished
-//! by the manager's [finisher](crate::engine::finisher) task, so that
-//! slower nodes get the write too. Anything that later touches the same key on a node (a release, say) must come after
+//! by a task of their own, or, for a round run outside a task, by the
+//! manager's [finisher](crate::engine::finisher) task, so that slower
+//! nodes get the write too. Anything that later touches the same key on a
+//! node (a release, say) must come after
 //! that node's pending request, or a late `SET` could land after the
 //! release and leave the key behind for its whole ttl. [`InFlight`] tracks
 //! which of a round's requests have settled, for that.
@@ -80,8 +82,9 @@ pub(crate) struct Round {
 /// and count as not answering.
 ///
 /// With [`Until::Decided`] the round returns as soon as the outcome is
-/// certain. The requests still pending then are finished by the finisher
-/// task when the round reached a quorum, and dropped when it did not (the caller
+/// certain. The requests still pending then are finished in the background
+/// ([`Finishers::finish`](crate::engine::finisher::Finishers::finish)) when
+/// the round reached a quorum, and dropped when it did not (the caller
 /// releases everywhere next, after each node's request settled). Each
 /// node's request waits first for that node's requests in `after`.
 ///
@@ -149,7 +152,10 @@ where
     // The round's one timer: every request sent at once is bounded by it
     // (a request that waited or was sent again has its own).
     let deadline = tokio::time::Instant::now() + request.timeout(node_timeout);
-    let mut timer = std::pin::pin!(tokio::time::sleep_until(deadline));
+    // Boxed, so that a leftover can take it along: a timer dropped and
+    // made anew for the leftover was one more registration with the
+    // runtime's timer wheel, and one more removal, in most rounds.
+    let mut timer = Box::pin(tokio::time::sleep_until(deadline));
     let mut tally = Tally::new(ask, nodes.len());
     while let Some((index, outcome)) = next(&mut pending, timer.as_mut(), &settled).await {
         let answer = outcome.and_then(|value| read(&value).map_err(NodeError::UnexpectedReply));
@@ -167,13 +173,13 @@ where
         let settled_rest = settled.clone();
         // Each is bounded by the timeouts, so the finisher is done with
         // them soon.
-        inner.finishers.hand_off(Box::pin(async move {
-            let mut timer = std::pin::pin!(tokio::time::sleep_until(deadline));
+        inner.finishers.finish(async move {
+            let mut timer = timer;
             while next(&mut pending, timer.as_mut(), &settled_rest)
                 .await
                 .is_some()
             {}
-        }));
+        });
     }
     // A round that heard every node leaves nothing in flight.
     Round {
