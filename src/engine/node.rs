@@ -275,8 +275,17 @@ impl Node {
 
     /// The cached connection if it is usable on this runtime (its own, else
     /// a running multi-thread runtime's), else the cached failure while its
-    /// backoff lasts, else `None` (connect).
-    fn cached(&self, runtime: tokio::runtime::Id) -> Option<Result<Conn, NodeError>> {
+    /// backoff lasts, else `None` (connect). `runtime` gives the current
+    /// runtime's id, asked only where it matters: with one connection,
+    /// made on a multi-thread runtime that still runs, that connection is
+    /// the answer on any runtime (every request's case in a service with
+    /// one runtime), and `Handle::current` clones the runtime's handle, an
+    /// `Arc` that every worker shares (two contended atomic operations per
+    /// request).
+    fn cached(
+        &self,
+        runtime: impl FnOnce() -> tokio::runtime::Id,
+    ) -> Option<Result<Conn, NodeError>> {
         let slot = self.lock_slot();
         if let Some((other_index, other_node)) = &slot.duplicate_of {
             return Some(Err(NodeError::SameServer {
@@ -284,8 +293,15 @@ impl Node {
                 other_node: other_node.clone(),
             }));
         }
-        let own = slot.live.iter().find(|l| l.usable_on(runtime));
-        if let Some(live) = own.or_else(|| slot.live.iter().find(|l| l.shareable())) {
+        let live = match slot.live.as_slice() {
+            [only] if only.shareable() => Some(only),
+            live => {
+                let runtime = runtime();
+                let own = live.iter().find(|l| l.usable_on(runtime));
+                own.or_else(|| live.iter().find(|l| l.shareable()))
+            }
+        };
+        if let Some(live) = live {
             return Some(Ok(Conn {
                 conn: live.conn.clone(),
                 epoch: live.epoch,
@@ -318,7 +334,7 @@ impl Node {
     /// cached connection usable on this runtime, or the cached failure
     /// while its backoff lasts; `None` when a connection must be made.
     pub(crate) fn connection_now(&self) -> Option<Result<Conn, NodeError>> {
-        self.cached(tokio::runtime::Handle::current().id())
+        self.cached(|| tokio::runtime::Handle::current().id())
     }
 
     /// [`connection`](Node::connection) past the cache: one attempt at a
@@ -331,7 +347,7 @@ impl Node {
         );
         let _gate = self.gate.lock().await;
         // Someone else may have connected (or failed) while we waited.
-        if let Some(cached) = self.cached(runtime) {
+        if let Some(cached) = self.cached(|| runtime) {
             return cached;
         }
         let made = self.connect().await;
