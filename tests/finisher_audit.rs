@@ -1,7 +1,8 @@
 //! An audit of the finisher (`engine/finisher.rs`): one task per manager
 //! and per Tokio runtime that finishes the requests a round left pending
-//! when it stopped at a quorum, in place of a task spawned per round. On
-//! real servers, on the finisher's worst days:
+//! when it stopped at a quorum, for rounds run outside a task (a round run
+//! in a task spawns a task for them); and of those spawned tasks beside
+//! it. On real servers, on their worst days:
 //! - a node paused (SIGSTOP) or blackholed while rounds leave requests to
 //!   it pending, and every later step on the lock (unlock, extend, verify,
 //!   fencing) right behind them: each must end, and no key may be left on
@@ -14,15 +15,16 @@
 //!   with one of them dropped mid-wait. No panic anywhere (a timer of a
 //!   dead runtime polled by another runtime's task panics in Tokio), and
 //!   the later calls still end, still behind the earlier requests;
-//! - calls from `Runtime::block_on`'s thread and from `spawn_blocking`
-//!   threads, on current-thread and multi-thread runtimes;
+//! - calls from `Runtime::block_on`'s thread, plain threads and
+//!   `spawn_blocking` threads, on current-thread and multi-thread runtimes;
 //! - thousands of leftovers pending at once behind a paused node (200
-//!   lockers, and locks on 1,000 resources): they all settle within about
-//!   the node timeout, one finisher task holds them all, the work per
+//!   lockers, and locks on 1,000 resources, from tasks and from
+//!   `block_on`): they all settle within about the node timeout, one
+//!   finisher task holds those of `block_on`'s calls, the work per
 //!   lock does not grow with the leftovers pending, and the memory they
 //!   took is given back;
 //! - the manager dropped, with leftovers pending and with none: its
-//!   finisher task ends (the runtime's `num_alive_tasks` goes back to 0);
+//!   finisher task ends, and so do the spawned ones (the runtime's `num_alive_tasks` goes back to 0);
 //! - and what the finisher is for: the requests left at a quorum still
 //!   reach the slower node (sent again there after `NOSCRIPT`).
 //!
@@ -833,10 +835,13 @@ async fn cycles(redlock: &Redlock, topic: &str, count: usize) -> Seen {
     seen
 }
 
-/// Calls from `Runtime::block_on`'s thread and from three `spawn_blocking`
-/// threads (each in `Handle::block_on`) at once, on a current-thread and
-/// on a multi-thread runtime: none of these threads is a worker, and the
-/// finisher's task is spawned and woken from them. Node 4 slow (150 ms),
+/// Calls from `Runtime::block_on`'s thread, from three plain threads and
+/// from three `spawn_blocking` threads (each in `Handle::block_on`) at
+/// once, on a current-thread and on a multi-thread runtime: none of these
+/// threads is a worker. The rounds of the first two, outside any task,
+/// hand their leftovers to the finisher, whose task is spawned and woken
+/// from them; those of `spawn_blocking` closures (tasks of the blocking
+/// pool) spawn a task each, which goes through the runtime's shared queue. Node 4 slow (150 ms),
 /// then node 3 paused (back after 600 ms, before the node timeout), then
 /// node 4 blackholed (healed after 1.5 s). Each thread runs lock-and-step
 /// cycles in a row, so that most hand-offs go to a finisher that is idle
@@ -898,9 +903,31 @@ fn calls_from_block_on_and_spawn_blocking_threads() {
                         })
                     })
                     .collect();
+                // Plain threads in `Handle::block_on`: outside any task,
+                // so their rounds hand their leftovers to the finisher, from
+                // several threads at once (a `spawn_blocking` closure runs
+                // as a task, and its rounds spawn).
+                let plain: Vec<_> = (0..3)
+                    .map(|thread| {
+                        let redlock = redlock.clone();
+                        let handle = tokio::runtime::Handle::current();
+                        let (done, seen) = tokio::sync::oneshot::channel();
+                        std::thread::spawn(move || {
+                            let _ = done.send(handle.block_on(cycles(
+                                &redlock,
+                                &format!("plain-{multi}-{phase}-{thread}"),
+                                10,
+                            )));
+                        });
+                        seen
+                    })
+                    .collect();
                 let mut seen = cycles(&redlock, &format!("block-on-{multi}-{phase}"), 10).await;
                 for b in blocking {
                     seen.add(b.await.unwrap());
+                }
+                for p in plain {
+                    seen.add(p.await.expect("a plain thread's calls ended"));
                 }
                 seen
             });

@@ -2,9 +2,11 @@
 //! requests a round left pending when it stopped at a quorum (see
 //! [`round`](crate::engine::round)), for rounds run outside a task.
 //!
-//! A round run in a task spawns a task for its leftover: the spawn goes to
-//! the calling worker's own queue and wakes nobody. Outside a task (from
-//! `block_on`'s thread, say), a spawn goes through the runtime's shared
+//! A round run in a task spawns a task for its leftover: from a worker,
+//! the spawn usually goes to that worker's own queue and wakes nobody
+//! ([`Finishers::finish`] says where it does not). Outside a task (from
+//! `Runtime::block_on`'s thread, or a plain thread in `Handle::block_on`),
+//! a spawn on a multi-thread runtime goes through the runtime's shared
 //! queue and unparks a parked worker, on the caller's time; such a round
 //! hands its leftover to the finisher instead, polling it with the
 //! finisher task's waker, so that its replies wake the finisher (on the
@@ -117,20 +119,44 @@ impl Finishers {
     /// task, by this runtime's finisher otherwise (from `block_on`'s thread,
     /// say). Must be called from within a Tokio runtime.
     ///
-    /// From a task, a spawn is the cheaper of the two: it goes to the
-    /// calling worker's own queue and wakes nobody, and the leftover's
-    /// replies wake its own task, on the worker whose connection read them.
-    /// The finisher, one task and one lock for every round of the runtime,
-    /// cost 64 tasks on two workers a few per cent of their throughput
-    /// (scenario 5 of the benchmark). Outside a task, the spawn would go
+    /// From a task on a worker, a spawn is the cheaper of the two: it
+    /// usually goes to the worker's own next-task slot and wakes nobody, and
+    /// the leftover's replies wake its own task, on the worker whose
+    /// connection read them. The finisher, one task and one lock for every
+    /// round of the runtime, cost 64 tasks on two workers about 6 % of
+    /// their throughput (scenario 5 of the benchmark's profile loop, by
+    /// turns). Outside a task, a spawn on a multi-thread runtime would go
     /// through the runtime's shared queue and unpark a worker, on the
     /// caller's time, which the hand-off does not.
+    ///
+    /// "In a task" is what Tokio can tell ([`tokio::task::try_id`]), not
+    /// "on a worker": the closures of `spawn_blocking` (and
+    /// `Handle::block_on` inside them), `block_in_place` and the tasks of
+    /// a `LocalSet` driven from a multi-thread runtime's `block_on` run as
+    /// tasks off the workers, and their rounds spawn through the shared
+    /// queue, as every round did before the finisher. Correct either way;
+    /// only the cost differs.
+    ///
+    /// A task that blocks its worker (`futures::executor::block_on` inside
+    /// a task, say) may hold its leftover in the worker's next-task slot,
+    /// which other workers do not steal from: a later step on that lock,
+    /// in the same blocked call, then waits for the leftover for ever.
+    /// Blocking a worker stalls any Tokio code so; the finisher had the
+    /// same hazard for a runtime's first hand-off.
+    ///
+    /// A leftover that panics ends alone either way (a spawned one is
+    /// caught here too, so that a runtime built to shut down on an
+    /// unhandled panic does not).
     pub(crate) fn finish<F>(&self, leftover: F)
     where
         F: Future<Output = ()> + Send + 'static,
     {
         if tokio::task::try_id().is_some() {
-            tokio::spawn(leftover);
+            tokio::spawn(
+                std::panic::AssertUnwindSafe(leftover)
+                    .catch_unwind()
+                    .map(|_| ()),
+            );
         } else {
             self.hand_off(Box::pin(leftover));
         }

@@ -88,6 +88,9 @@ pub(crate) struct Round {
 /// releases everywhere next, after each node's request settled). Each
 /// node's request waits first for that node's requests in `after`.
 ///
+/// A round must be polled on one runtime: its timer, which the leftover
+/// takes along, belongs to the runtime that first polled it.
+///
 /// # Cancel safety
 /// Dropping the future drops the pending requests; a request already
 /// written to a node's socket still runs there, before anything sent to
@@ -171,8 +174,8 @@ where
     }
     if tally.quorum_at.is_some() && !pending.is_empty() {
         let settled_rest = settled.clone();
-        // Each is bounded by the timeouts, so the finisher is done with
-        // them soon.
+        // Each is bounded by the timeouts, so whoever finishes them (a
+        // task of their own, or the finisher) is done with them soon.
         inner.finishers.finish(async move {
             let mut timer = timer;
             while next(&mut pending, timer.as_mut(), &settled_rest)
