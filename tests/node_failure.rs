@@ -48,6 +48,89 @@ async fn two_paused_nodes_do_not_slow_the_lock_down_to_the_timeout() {
     assert!(cluster.eventually(Duration::from_secs(10), |c| c.values(&res) == vec![None; 5]));
 }
 
+/// A node that went silent (paused) holds up one release for the node
+/// timeout, the one that finds it silent; later releases send it their
+/// request but do not wait for it: each ends well before the node timeout,
+/// with `Ok` from the four other nodes, and owes the silent node its
+/// release. Once the node is back, every release lands (no key is left,
+/// nothing is owed), and the releases after it release all five again
+/// (`Ok(5)`: a silent node that answers while the others are still pending
+/// counts).
+///
+/// Catches a release that waits for every node (each later unlock takes
+/// the full node timeout: "round 0: the unlock took 4.002s").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_does_not_wait_for_a_node_that_went_silent() {
+    let mut cluster = Cluster::start(5);
+    let node_timeout = Duration::from_secs(4);
+    let redlock = cluster
+        .builder()
+        .node_timeout(node_timeout)
+        .build()
+        .unwrap();
+    redlock_harness::warm(&redlock).await;
+    let ttl = Duration::from_secs(30);
+
+    cluster.node(4).pause();
+    // The first release waits for the paused node (its grant's SET is
+    // pending there, and the node is not known silent yet).
+    let res = resource("silent-first");
+    let lock = redlock.lock(&res, ttl).await.expect("4 live nodes");
+    let released = redlock.unlock(&lock).await;
+    assert!(matches!(released, Ok(4)), "first unlock: {released:?}");
+    let mut names = vec![res];
+    for round in 0..5 {
+        let res = resource(&format!("silent-{round}"));
+        let lock = redlock.lock(&res, ttl).await.expect("4 live nodes");
+        let start = Instant::now();
+        let released = redlock.unlock(&lock).await;
+        let took = start.elapsed();
+        assert!(
+            took < node_timeout / 2,
+            "round {round}: the unlock took {took:?}, waiting for the silent node"
+        );
+        assert!(matches!(released, Ok(4)), "round {round}: {released:?}");
+        names.push(res);
+    }
+    assert!(
+        redlock.pending_releases() > 0,
+        "the silent node is owed its releases"
+    );
+    cluster.node(4).resume();
+    let gone = cluster.eventually(Duration::from_secs(20), |c| {
+        names.iter().all(|res| c.values(res) == vec![None; 5])
+    });
+    assert!(
+        gone,
+        "keys left once the node was back: {:?}",
+        names
+            .iter()
+            .map(|res| cluster.values(res))
+            .collect::<Vec<_>>()
+    );
+    let drained = Instant::now() + Duration::from_secs(20);
+    while redlock.pending_releases() > 0 && Instant::now() < drained {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(redlock.pending_releases(), 0, "releases still owed");
+    // Back, the node answers the releases again: within a few cycles an
+    // unlock releases all five.
+    let mut all_five = false;
+    for round in 0..20 {
+        let res = resource(&format!("heard-{round}"));
+        let lock = redlock.lock(&res, ttl).await.expect("5 live nodes");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        if let Ok(5) = redlock.unlock(&lock).await {
+            all_five = true;
+            break;
+        }
+    }
+    assert!(
+        all_five,
+        "no unlock released all five nodes once node 4 was back"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_nodes_down_is_no_quorum_and_leaves_no_key() {
     let mut cluster = Cluster::start(5);

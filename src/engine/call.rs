@@ -189,6 +189,10 @@ pub(crate) async fn call(
                 return Ok(value);
             }
             Some(Err(error)) => {
+                if !matches!(error, NodeError::Unreachable(_)) {
+                    // An error reply: the node talks.
+                    node.heard();
+                }
                 if checked.is_some() && !matches!(error, NodeError::Unreachable(_)) {
                     // The transaction refused (a server that queues no
                     // `SET … NX … GET`, say): the script, with its own

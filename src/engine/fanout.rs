@@ -35,6 +35,11 @@ impl<F: Future + Unpin> Fanout<F> {
     pub(crate) fn is_empty(&self) -> bool {
         self.pending.is_empty()
     }
+
+    /// How many futures have not completed.
+    pub(crate) fn len(&self) -> usize {
+        self.pending.len()
+    }
 }
 
 impl<F: Future + Unpin> Stream for Fanout<F> {

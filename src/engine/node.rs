@@ -95,6 +95,11 @@ pub(crate) struct Node {
     /// Requests that timed out in a row (cluster nodes; see
     /// [`Node::timed_out`]).
     timeouts: std::sync::atomic::AtomicU32,
+    /// Whether the node's last request timed out and nothing was heard from
+    /// it since: a release does not wait for it ([`Until::AllAnswering`]).
+    ///
+    /// [`Until::AllAnswering`]: crate::engine::round::Until::AllAnswering
+    silent: std::sync::atomic::AtomicBool,
     /// How often a cluster node's connection was made anew after timeouts.
     pub(crate) remade: std::sync::atomic::AtomicU32,
     /// How old a marker must be to be known as old: the restart guard's
@@ -208,6 +213,7 @@ impl Node {
             old_set: std::sync::atomic::AtomicBool::new(false),
             known: Known::default(),
             timeouts: std::sync::atomic::AtomicU32::new(0),
+            silent: std::sync::atomic::AtomicBool::new(false),
             remade: std::sync::atomic::AtomicU32::new(0),
             old_after: config.restart_guard.unwrap_or(Duration::ZERO),
         })
@@ -490,7 +496,14 @@ impl Node {
     /// stalled (seen after a slot half-way through a migration) never
     /// recovers by itself. A standalone node's connection is kept: its
     /// queued requests must stay ahead of later ones.
+    ///
+    /// Either kind of node is silent from then on, until it is heard from
+    /// again ([`heard`](Node::heard)).
     pub(crate) fn timed_out(&self, conn: &Conn) {
+        if !self.silent.load(std::sync::atomic::Ordering::Relaxed) {
+            self.silent
+                .store(true, std::sync::atomic::Ordering::Relaxed);
+        }
         if !self.is_cluster() {
             return;
         }
@@ -510,6 +523,22 @@ impl Node {
         if self.timeouts.load(std::sync::atomic::Ordering::Relaxed) != 0 {
             self.timeouts.store(0, std::sync::atomic::Ordering::Relaxed);
         }
+        self.heard();
+    }
+
+    /// Reports that the node said something (an answer, or an error reply):
+    /// it is not silent.
+    pub(crate) fn heard(&self) {
+        if self.silent.load(std::sync::atomic::Ordering::Relaxed) {
+            self.silent
+                .store(false, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
+    /// Whether the node's last request timed out and nothing was heard from
+    /// it since (paused, blackholed, or slower than the node timeout).
+    pub(crate) fn is_silent(&self) -> bool {
+        self.silent.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Reports that a request on `conn` failed at the connection level: the

@@ -28,7 +28,9 @@ const BATCH_KEYS: usize = 1_024;
 /// node's earlier requests on the lock (`after`): queued behind them on
 /// their connection, or once they settled (see
 /// [`inflight`](crate::engine::inflight)). Waits for every node (each
-/// bounded by the timeouts).
+/// bounded by the timeouts), but for nodes found silent before
+/// ([`Until::AllAnswering`]): their requests go out and finish in the
+/// background, and they are owed the release.
 ///
 /// Nodes whose state is unknown afterwards may still hold the key (a SET
 /// whose reply was lost with its connection, say), which would keep others
@@ -76,7 +78,7 @@ pub(crate) async fn release_with(
         inner,
         only,
         Ask::Owned,
-        Until::AllNodes,
+        Until::AllAnswering,
         request,
         after,
         unlock::read,

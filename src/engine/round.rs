@@ -23,6 +23,7 @@
 //! (a release) waits for it, one that stops at a quorum does not.
 
 use std::sync::Arc;
+use std::task::Poll;
 
 use futures::FutureExt;
 use futures::stream::StreamExt;
@@ -42,11 +43,14 @@ use crate::protocol::tally::Tally;
 use crate::trace;
 
 /// The next outcome of a round's requests; once `timer` fired, the
-/// requests on the round's deadline answer that they timed out.
+/// requests on the round's deadline answer that they timed out. `None` when
+/// none is left, or when the `unheard` requests are all that is left and
+/// none of them is ready (each was polled, so sent, first).
 async fn next<F: Future + Unpin>(
     pending: &mut Fanout<F>,
     mut timer: std::pin::Pin<&mut tokio::time::Sleep>,
     settled: &Settled,
+    unheard: usize,
 ) -> Option<F::Output> {
     std::future::poll_fn(|cx| {
         if !settled.expired.load(std::sync::atomic::Ordering::Relaxed)
@@ -56,7 +60,10 @@ async fn next<F: Future + Unpin>(
                 .expired
                 .store(true, std::sync::atomic::Ordering::Release);
         }
-        pending.poll_next_unpin(cx)
+        match pending.poll_next_unpin(cx) {
+            Poll::Pending if pending.len() <= unheard => Poll::Ready(None),
+            other => other,
+        }
     })
     .await
 }
@@ -69,6 +76,16 @@ pub(crate) enum Until {
     Decided,
     /// Until every node answered (each still bounded by the timeouts).
     AllNodes,
+    /// Until every node answered, but for the nodes that were silent when
+    /// the round began ([`Node::is_silent`]: their last request timed out
+    /// and nothing was heard from them since): once the others answered,
+    /// their requests, sent, are left to finish in the background, and
+    /// they count as not answering ([`NodeError::Silent`]). A release,
+    /// with a node paused or cut off, then does not wait the node timeout
+    /// for it each time.
+    ///
+    /// [`Node::is_silent`]: crate::engine::node::Node::is_silent
+    AllAnswering,
 }
 
 /// What a round returns: the tally, and its requests that may still run.
@@ -160,7 +177,25 @@ where
     // runtime's timer wheel, and one more removal, in most rounds.
     let mut timer = Box::pin(tokio::time::sleep_until(deadline));
     let mut tally = Tally::new(ask, nodes.len());
-    while let Some((index, outcome)) = next(&mut pending, timer.as_mut(), &settled).await {
+    // The silent nodes a release does not wait for, while their requests
+    // are pending (empty, and not allocated, in every other round).
+    let mut unheard: Vec<usize> = match until {
+        Until::AllAnswering => nodes
+            .iter()
+            .enumerate()
+            .filter(|(index, node)| {
+                only.is_none_or(|only| only.contains(index)) && node.is_silent()
+            })
+            .map(|(index, _)| index)
+            .collect(),
+        Until::Decided | Until::AllNodes => Vec::new(),
+    };
+    while let Some((index, outcome)) =
+        next(&mut pending, timer.as_mut(), &settled, unheard.len()).await
+    {
+        if let Some(at) = unheard.iter().position(|&silent| silent == index) {
+            unheard.swap_remove(at);
+        }
         let answer = outcome.and_then(|value| read(&value).map_err(NodeError::UnexpectedReply));
         if let Err(_cause) = &answer {
             inner.stats.node_failed(index, nodes[index].label());
@@ -172,13 +207,18 @@ where
             break;
         }
     }
-    if tally.quorum_at.is_some() && !pending.is_empty() {
+    // The silent nodes not heard from: not waited for.
+    for index in unheard {
+        inner.stats.node_failed(index, nodes[index].label());
+        tally.record(index, nodes[index].label(), Err(NodeError::Silent));
+    }
+    if (tally.quorum_at.is_some() || until == Until::AllAnswering) && !pending.is_empty() {
         let settled_rest = settled.clone();
         // Each is bounded by the timeouts, so whoever finishes them (a
         // task of their own, or the finisher) is done with them soon.
         inner.finishers.finish(async move {
             let mut timer = timer;
-            while next(&mut pending, timer.as_mut(), &settled_rest)
+            while next(&mut pending, timer.as_mut(), &settled_rest, 0)
                 .await
                 .is_some()
             {}

@@ -286,7 +286,7 @@ impl fmt::Display for NodeFailure {
 /// Why one node did not agree in a quorum round.
 ///
 /// Which failures a retry can fix: [`Timeout`](NodeError::Timeout),
-/// [`Unreachable`](NodeError::Unreachable), [`Busy`](NodeError::Busy) and
+/// [`Silent`](NodeError::Silent), [`Unreachable`](NodeError::Unreachable), [`Busy`](NodeError::Busy) and
 /// [`NotDurable`](NodeError::NotDurable) say nothing certain about the key,
 /// and `lock` retries them like a conflict; a [`Young`](NodeError::Young)
 /// node is not counted, and retried, until its data is old enough.
@@ -305,6 +305,13 @@ pub enum NodeError {
     /// No answer within the node timeout, or no connection within the
     /// connect timeout.
     Timeout,
+    /// Not waited for: the node's last request timed out and nothing was
+    /// heard from it since (paused, blackholed, or slower than the node
+    /// timeout). A release still sends it its request, which lands when
+    /// the node is back, and owes it the release in the background
+    /// ([`Redlock::pending_releases`](crate::Redlock::pending_releases));
+    /// it does not wait the node timeout for it. Retried like a timeout.
+    Silent,
     /// The node could not be reached: connection refused, reset or closed.
     Unreachable(redis::RedisError),
     /// The node answered that it cannot serve the request now: `BUSY` (a
@@ -385,7 +392,10 @@ impl NodeError {
     /// Whether the node was unreachable (timeout or connection failure) rather
     /// than answering.
     pub fn is_unreachable(&self) -> bool {
-        matches!(self, NodeError::Timeout | NodeError::Unreachable(_))
+        matches!(
+            self,
+            NodeError::Timeout | NodeError::Silent | NodeError::Unreachable(_)
+        )
     }
 
     /// Whether what the node holds is unknown and a retry may succeed: it was
@@ -394,6 +404,7 @@ impl NodeError {
         matches!(
             self,
             NodeError::Timeout
+                | NodeError::Silent
                 | NodeError::Unreachable(_)
                 | NodeError::Busy(_)
                 | NodeError::NotDurable
@@ -435,6 +446,10 @@ impl fmt::Display for NodeError {
             NodeError::Held => f.write_str("held by another value"),
             NodeError::NotOurs => f.write_str("not ours there"),
             NodeError::Timeout => f.write_str("timed out"),
+            NodeError::Silent => f.write_str(
+                "not waited for: it did not answer its last request in time \
+                 (the release was sent, and is retried in the background)",
+            ),
             NodeError::Unreachable(e) => write!(f, "unreachable ({e})"),
             NodeError::Busy(e) => write!(f, "busy ({e})"),
             NodeError::Reply(e) if matches!(e.code(), Some("MOVED" | "ASK")) => write!(
