@@ -9,6 +9,17 @@ use redlock_quorum::{Error, NodeError, Redlock};
 
 const TTL: Duration = Duration::from_secs(10);
 
+/// A manager over `cluster` with `node_timeout`, its connections made.
+async fn warm_with_timeout(cluster: &Cluster, node_timeout: Duration) -> Redlock {
+    let redlock = cluster
+        .builder()
+        .node_timeout(node_timeout)
+        .build()
+        .unwrap();
+    redlock_harness::warm(&redlock).await;
+    redlock
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_paused_nodes_do_not_slow_the_lock_down_to_the_timeout() {
     let mut cluster = Cluster::start(5);
@@ -16,12 +27,7 @@ async fn two_paused_nodes_do_not_slow_the_lock_down_to_the_timeout() {
     // did not wait for the paused nodes (a loaded machine takes a second or
     // two at worst; waiting would take the full 30 s).
     let node_timeout = Duration::from_secs(30);
-    let redlock = cluster
-        .builder()
-        .node_timeout(node_timeout)
-        .build()
-        .unwrap();
-    redlock_harness::warm(&redlock).await;
+    let redlock = warm_with_timeout(&cluster, node_timeout).await;
 
     cluster.node(1).pause();
     cluster.node(3).pause();
@@ -63,12 +69,7 @@ async fn two_paused_nodes_do_not_slow_the_lock_down_to_the_timeout() {
 async fn a_release_does_not_wait_for_a_node_that_went_silent() {
     let mut cluster = Cluster::start(5);
     let node_timeout = Duration::from_secs(4);
-    let redlock = cluster
-        .builder()
-        .node_timeout(node_timeout)
-        .build()
-        .unwrap();
-    redlock_harness::warm(&redlock).await;
+    let redlock = warm_with_timeout(&cluster, node_timeout).await;
     let ttl = Duration::from_secs(30);
 
     cluster.node(4).pause();
@@ -170,12 +171,7 @@ async fn three_paused_nodes_time_out_and_the_attempt_is_released() {
     let mut cluster = Cluster::start(5);
     // long enough for the live nodes to answer on a loaded machine
     let node_timeout = Duration::from_secs(1);
-    let redlock = cluster
-        .builder()
-        .node_timeout(node_timeout)
-        .build()
-        .unwrap();
-    redlock_harness::warm(&redlock).await;
+    let redlock = warm_with_timeout(&cluster, node_timeout).await;
     for i in 0..3 {
         cluster.node(i).pause();
     }
