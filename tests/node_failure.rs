@@ -132,6 +132,54 @@ async fn a_release_does_not_wait_for_a_node_that_went_silent() {
     );
 }
 
+/// A fresh manager (a new process, say) with a node paused before its
+/// first call: the first lock does not wait the connect timeout for it (the
+/// warm-up gives the others the node timeout once a quorum connected, and
+/// the paused node's connection goes on failing in the background), and
+/// once that connection timed out the node is silent, so the unlock does
+/// not wait for it either. When the node is back, no key is left.
+///
+/// Catches a warm-up that waits for every node (the first lock takes the
+/// 5 s connect timeout) and a failed connection that does not make the
+/// node silent (the unlock waits the connect timeout again).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fresh_manager_does_not_wait_for_a_paused_node() {
+    let mut cluster = Cluster::start(5);
+    let connect_timeout = Duration::from_secs(5);
+    cluster.node(4).pause();
+    let redlock = cluster
+        .builder()
+        .connect_timeout(connect_timeout)
+        .node_timeout(Duration::from_millis(200))
+        .build()
+        .unwrap();
+    let res = resource("fresh-paused");
+    let start = Instant::now();
+    let lock = redlock.try_lock(&res, TTL).await.expect("4 live nodes");
+    let took = start.elapsed();
+    assert!(
+        took < connect_timeout / 2,
+        "the first lock took {took:?}, waiting for the paused node's connection"
+    );
+    // The paused node's connection attempt fails once the connect timeout
+    // passed: from then on the node is silent.
+    tokio::time::sleep(connect_timeout + Duration::from_millis(500)).await;
+    let start = Instant::now();
+    let released = redlock.unlock(&lock).await;
+    let took = start.elapsed();
+    assert!(
+        took < connect_timeout / 2,
+        "the unlock took {took:?}, waiting for the paused node"
+    );
+    assert!(matches!(released, Ok(4)), "unlock: {released:?}");
+    cluster.node(4).resume();
+    assert!(
+        cluster.eventually(Duration::from_secs(20), |c| c.values(&res) == vec![None; 5]),
+        "key left once the node was back: {:?}",
+        cluster.values(&res)
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_nodes_down_is_no_quorum_and_leaves_no_key() {
     let mut cluster = Cluster::start(5);

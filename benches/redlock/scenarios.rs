@@ -171,7 +171,10 @@ pub(crate) async fn scenario_two_down(env: &mut Env, report: &mut Report) {
         env.servers[3].pause();
         env.servers[4].pause();
         let res = latency_rounds(&s, [n, rs, n], TTL, false).await;
-        releases.push(("paused (SIGSTOP)", latency_rounds(&s, released, TTL, true).await));
+        releases.push((
+            "paused (SIGSTOP)",
+            latency_rounds(&s, released, TTL, true).await,
+        ));
         env.servers[3].resume();
         env.servers[4].resume();
         emit_fault_rows(report, "paused (SIGSTOP)", &res);

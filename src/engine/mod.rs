@@ -115,47 +115,97 @@ impl Inner {
 
     /// Before the first round of a manager, connects to every node at once
     /// and waits until each connected or failed (each bounded by the connect
-    /// timeout). A cold start then costs one parallel connect instead of
-    /// counting against the node timeout, and every node's identity is known
-    /// before anything is counted: a server named twice is refused at the
-    /// first call, not at some later one.
+    /// timeout), but no longer than the node timeout once a quorum of them
+    /// connected: the others go on connecting in the background. A cold
+    /// start then costs one parallel connect instead of counting against the
+    /// node timeout, and a node that is paused or cut off (whose connection
+    /// takes the whole connect timeout to fail) holds up the first call of
+    /// a fresh process by the node timeout, not the connect timeout.
+    ///
+    /// Each node's identity is checked as its connection is made, before it
+    /// takes any request, so no call counts a server named twice; the call
+    /// that finds it fails with `DuplicateNode`, and every later one: the
+    /// first call, unless one of the two entries connects more than the
+    /// node timeout after a quorum did.
     ///
     /// # Cancel safety
-    /// Cancel-safe: a dropped warm-up is started again by the next round.
+    /// Cancel-safe: a dropped warm-up is started again by the next round
+    /// (connections made meanwhile stay made).
     pub(crate) async fn warm_up(&self) {
         self.warmed
             .get_or_init(|| async {
-                let made =
-                    futures::future::join_all(self.nodes.iter().map(|n| n.connection())).await;
+                let mut connecting: futures::stream::FuturesUnordered<_> = self
+                    .nodes
+                    .iter()
+                    .enumerate()
+                    .map(|(index, node)| {
+                        let node = node.clone();
+                        async move { (index, node.connection().await) }
+                    })
+                    .collect();
                 #[cfg(feature = "cluster")]
                 if self.generation.guard.is_some() {
                     crate::engine::cluster::make_markers(&self.nodes, &self.generation);
                 }
-                for (index, made) in made.into_iter().enumerate() {
-                    let node = &self.nodes[index];
-                    match made {
-                        Err(NodeError::SameServer {
-                            other_index,
-                            other_node,
-                        }) => self.misconfigure(Error::DuplicateNode {
-                            index,
-                            node: node.label().to_owned(),
-                            first: other_index,
-                            first_node: other_node,
-                        }),
-                        Ok(_) if node.persistent() == Some(false) => {
-                            trace::warning!(
-                                node = node.label(),
-                                "the node runs without AOF persistence: if it restarts, it forgets \
-                                 the locks it held; run it with appendonly yes and appendfsync \
-                                 always, or delay its restarts past the largest ttl"
-                            );
-                        }
-                        _ => {}
+                let quorum = crate::protocol::quorum::quorum(self.nodes.len());
+                let mut connected = 0;
+                while let Some((index, made)) = futures::StreamExt::next(&mut connecting).await {
+                    connected += usize::from(made.is_ok());
+                    self.warmed_node(index, made);
+                    if connected >= quorum {
+                        break;
                     }
+                }
+                // The others get the node timeout more: a healthy node (a
+                // server named twice, say) connects within it.
+                let grace = tokio::time::sleep(self.config.node_timeout);
+                tokio::pin!(grace);
+                while !connecting.is_empty() {
+                    tokio::select! {
+                        biased;
+                        next = futures::StreamExt::next(&mut connecting) => {
+                            if let Some((index, made)) = next {
+                                self.warmed_node(index, made);
+                            }
+                        }
+                        () = &mut grace => break,
+                    }
+                }
+                if !connecting.is_empty() {
+                    // The slower nodes' connections are made (or fail) in
+                    // the background; a round that needs one meanwhile
+                    // waits for it (one attempt at a time per node).
+                    let nodes = self.nodes.clone();
+                    self.finishers.finish(async move {
+                        while let Some((index, made)) =
+                            futures::StreamExt::next(&mut connecting).await
+                        {
+                            if made.is_ok() {
+                                warn_without_persistence(&nodes[index]);
+                            }
+                        }
+                    });
                 }
             })
             .await;
+    }
+
+    /// What the warm-up learned of node `index` by connecting to it.
+    fn warmed_node(&self, index: usize, made: Result<node::Conn, NodeError>) {
+        let node = &self.nodes[index];
+        match made {
+            Err(NodeError::SameServer {
+                other_index,
+                other_node,
+            }) => self.misconfigure(Error::DuplicateNode {
+                index,
+                node: node.label().to_owned(),
+                first: other_index,
+                first_node: other_node,
+            }),
+            Ok(_) => warn_without_persistence(node),
+            Err(_) => {}
+        }
     }
 
     /// The Redis key of a resource.
@@ -194,5 +244,17 @@ impl Inner {
     pub(crate) fn renew_interval(&self, ttl: Duration) -> Result<Duration, Error> {
         let config = &self.config;
         timing::renew_interval(ttl, config.drift_factor, config.renew_interval)
+    }
+}
+
+/// Warns when `node` runs without AOF persistence (as its `INFO` said).
+fn warn_without_persistence(node: &Node) {
+    if node.persistent() == Some(false) {
+        trace::warning!(
+            node = node.label(),
+            "the node runs without AOF persistence: if it restarts, it forgets \
+             the locks it held; run it with appendonly yes and appendfsync \
+             always, or delay its restarts past the largest ttl"
+        );
     }
 }

@@ -95,8 +95,9 @@ pub(crate) struct Node {
     /// Requests that timed out in a row (cluster nodes; see
     /// [`Node::timed_out`]).
     timeouts: std::sync::atomic::AtomicU32,
-    /// Whether the node's last request timed out and nothing was heard from
-    /// it since: a release does not wait for it ([`Until::AllAnswering`]).
+    /// Whether the node's last request (or connection attempt) timed out
+    /// and nothing was heard from it since: a release does not wait for it
+    /// ([`Until::AllAnswering`]).
     ///
     /// [`Until::AllAnswering`]: crate::engine::round::Until::AllAnswering
     silent: std::sync::atomic::AtomicBool,
@@ -386,9 +387,18 @@ impl Node {
                     _stop: stop,
                 });
                 slot.failed = None;
+                self.heard();
                 Ok(Conn { conn, epoch })
             }
             Err(error) => {
+                if matches!(&error, NodeError::Timeout)
+                    || matches!(&error, NodeError::Unreachable(e) if e.is_timeout())
+                {
+                    // Connected but unanswered (paused, blackholed), or no
+                    // answer to the connection itself: silent.
+                    self.silent
+                        .store(true, std::sync::atomic::Ordering::Relaxed);
+                }
                 let backoff = slot
                     .failed
                     .as_ref()
