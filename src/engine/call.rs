@@ -191,7 +191,7 @@ pub(crate) async fn call(
             Some(Err(error)) => {
                 if !matches!(error, NodeError::Unreachable(_)) {
                     // An error reply: the node talks.
-                    node.heard();
+                    node.silence.heard();
                 }
                 if checked.is_some() && !matches!(error, NodeError::Unreachable(_)) {
                     // The transaction refused (a server that queues no

@@ -6,6 +6,8 @@
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::{Cmd, Pipeline, RedisFuture, RedisResult, Value};
 
+use crate::protocol::server_info::sections_refused;
+
 /// One node's connection; cheap to clone (each variant is a handle to a
 /// shared driver task).
 #[derive(Clone)]
@@ -105,5 +107,24 @@ impl ConnectionLike for NodeConn {
             #[cfg(feature = "cluster")]
             NodeConn::Cluster(conn) => conn.get_db(),
         }
+    }
+}
+
+/// `INFO` of `sections`, in one request; from a server that takes one
+/// section at a time (Redis before 7.0), its default `INFO`, which holds
+/// the server, persistence and replication sections.
+///
+/// # Cancel safety
+/// Cancel-safe: it only reads.
+pub(crate) async fn info(conn: &mut NodeConn, sections: &[&str]) -> RedisResult<String> {
+    let mut cmd = redis::cmd("INFO");
+    for section in sections {
+        cmd.arg(*section);
+    }
+    match conn.ask_one(&cmd).await {
+        Err(e) if sections.len() > 1 && sections_refused(&e) => {
+            conn.ask_one(&redis::cmd("INFO")).await
+        }
+        other => other,
     }
 }

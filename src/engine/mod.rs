@@ -2,7 +2,8 @@
 //! state ([`Inner`]) and never the face ([`crate::api`]).
 //!
 //! - [`node`]: one node's connections (one per Tokio runtime), reconnection
-//!   with the backoff of [`timing`], the server's identity;
+//!   with the backoff of [`timing`], the server's identity, its
+//!   [`silence`];
 //! - [`round`]: the fan-out of one request to every node, and [`inflight`],
 //!   which of a round's requests may still run;
 //! - [`acquire`]: the attempt loop and the grant; [`extend`], [`verify`],
@@ -52,6 +53,7 @@ pub(crate) mod release;
 pub(crate) mod retries;
 pub(crate) mod round;
 pub(crate) mod send;
+pub(crate) mod silence;
 #[cfg(feature = "tls")]
 pub(crate) mod tls;
 pub(crate) mod verify;

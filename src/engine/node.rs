@@ -40,17 +40,18 @@ use std::time::{Duration, Instant};
 use redis::{AsyncConnectionConfig, RedisError, RedisResult};
 
 use crate::engine::config::Config;
-pub(crate) use crate::engine::conn::NodeConn;
+pub(crate) use crate::engine::conn::{NodeConn, info};
 pub(crate) use crate::engine::dial::Dial;
 use crate::engine::dial::single_client;
 #[cfg(feature = "cluster")]
 use crate::engine::dial::{Subscribing, cluster_client};
 pub(crate) use crate::engine::dial::{Target, target_addrs, target_label};
 pub(crate) use crate::engine::identities::Identities;
+use crate::engine::silence::Silence;
 use crate::protocol::error::NodeError;
 use crate::protocol::generation::Known;
 use crate::protocol::request::unlock::Native;
-use crate::protocol::server_info::{before_7, info_field, native_release, sections_refused};
+use crate::protocol::server_info::{before_7, info_field, native_release};
 use crate::protocol::timing::{FIRST_BACKOFF, next_backoff};
 
 /// Room in a standalone node's connection queue (redis-rs's pipeline
@@ -95,12 +96,8 @@ pub(crate) struct Node {
     /// Requests that timed out in a row (cluster nodes; see
     /// [`Node::timed_out`]).
     timeouts: std::sync::atomic::AtomicU32,
-    /// Whether the node's last request (or connection attempt) timed out
-    /// and nothing was heard from it since: a release does not wait for it
-    /// ([`Until::AllAnswering`]).
-    ///
-    /// [`Until::AllAnswering`]: crate::engine::round::Until::AllAnswering
-    silent: std::sync::atomic::AtomicBool,
+    /// Whether the node is silent: a release does not wait for it.
+    pub(crate) silence: Silence,
     /// How often a cluster node's connection was made anew after timeouts.
     pub(crate) remade: std::sync::atomic::AtomicU32,
     /// How old a marker must be to be known as old: the restart guard's
@@ -214,7 +211,7 @@ impl Node {
             old_set: std::sync::atomic::AtomicBool::new(false),
             known: Known::default(),
             timeouts: std::sync::atomic::AtomicU32::new(0),
-            silent: std::sync::atomic::AtomicBool::new(false),
+            silence: Silence::default(),
             remade: std::sync::atomic::AtomicU32::new(0),
             old_after: config.restart_guard.unwrap_or(Duration::ZERO),
         })
@@ -387,7 +384,7 @@ impl Node {
                     _stop: stop,
                 });
                 slot.failed = None;
-                self.heard();
+                self.silence.heard();
                 Ok(Conn { conn, epoch })
             }
             Err(error) => {
@@ -395,9 +392,8 @@ impl Node {
                     || matches!(&error, NodeError::Unreachable(e) if e.is_timeout())
                 {
                     // Connected but unanswered (paused, blackholed), or no
-                    // answer to the connection itself: silent.
-                    self.silent
-                        .store(true, std::sync::atomic::Ordering::Relaxed);
+                    // answer to the connection itself.
+                    self.silence.timed_out();
                 }
                 let backoff = slot
                     .failed
@@ -506,14 +502,9 @@ impl Node {
     /// stalled (seen after a slot half-way through a migration) never
     /// recovers by itself. A standalone node's connection is kept: its
     /// queued requests must stay ahead of later ones.
-    ///
-    /// Either kind of node is silent from then on, until it is heard from
-    /// again ([`heard`](Node::heard)).
+    /// Either kind of node is silent from then on ([`Silence`]).
     pub(crate) fn timed_out(&self, conn: &Conn) {
-        if !self.silent.load(std::sync::atomic::Ordering::Relaxed) {
-            self.silent
-                .store(true, std::sync::atomic::Ordering::Relaxed);
-        }
+        self.silence.timed_out();
         if !self.is_cluster() {
             return;
         }
@@ -533,46 +524,12 @@ impl Node {
         if self.timeouts.load(std::sync::atomic::Ordering::Relaxed) != 0 {
             self.timeouts.store(0, std::sync::atomic::Ordering::Relaxed);
         }
-        self.heard();
-    }
-
-    /// Reports that the node said something (an answer, or an error reply):
-    /// it is not silent.
-    pub(crate) fn heard(&self) {
-        if self.silent.load(std::sync::atomic::Ordering::Relaxed) {
-            self.silent
-                .store(false, std::sync::atomic::Ordering::Relaxed);
-        }
-    }
-
-    /// Whether the node's last request timed out and nothing was heard from
-    /// it since (paused, blackholed, or slower than the node timeout).
-    pub(crate) fn is_silent(&self) -> bool {
-        self.silent.load(std::sync::atomic::Ordering::Relaxed)
+        self.silence.heard();
     }
 
     /// Reports that a request on `conn` failed at the connection level: the
     /// next request connects again (at once: the node answered before).
     pub(crate) fn broken(&self, conn: &Conn) {
         self.lock_slot().live.retain(|l| l.epoch != conn.epoch);
-    }
-}
-
-/// `INFO` of `sections`, in one request; from a server that takes one
-/// section at a time (Redis before 7.0), its default `INFO`, which holds
-/// the server, persistence and replication sections.
-///
-/// # Cancel safety
-/// Cancel-safe: it only reads.
-pub(crate) async fn info(conn: &mut NodeConn, sections: &[&str]) -> RedisResult<String> {
-    let mut cmd = redis::cmd("INFO");
-    for section in sections {
-        cmd.arg(*section);
-    }
-    match conn.ask_one(&cmd).await {
-        Err(e) if sections.len() > 1 && sections_refused(&e) => {
-            conn.ask_one(&redis::cmd("INFO")).await
-        }
-        other => other,
     }
 }

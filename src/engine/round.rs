@@ -77,14 +77,14 @@ pub(crate) enum Until {
     /// Until every node answered (each still bounded by the timeouts).
     AllNodes,
     /// Until every node answered, but for the nodes that were silent when
-    /// the round began ([`Node::is_silent`]: their last request timed out
+    /// the round began ([`Silence`]: their last request timed out
     /// and nothing was heard from them since): once the others answered,
     /// their requests, sent, are left to finish in the background, and
     /// they count as not answering ([`NodeError::Silent`]). A release,
     /// with a node paused or cut off, then does not wait the node timeout
     /// for it each time.
     ///
-    /// [`Node::is_silent`]: crate::engine::node::Node::is_silent
+    /// [`Silence`]: crate::engine::silence::Silence
     AllAnswering,
 }
 
@@ -184,7 +184,7 @@ where
             .iter()
             .enumerate()
             .filter(|(index, node)| {
-                only.is_none_or(|only| only.contains(index)) && node.is_silent()
+                only.is_none_or(|only| only.contains(index)) && node.silence.is_silent()
             })
             .map(|(index, _)| index)
             .collect(),

@@ -14,13 +14,14 @@
 //! - [`durability`]: the durability setting and its confirmation command;
 //! - [`server_info`]: what a server's `INFO` says (family, version, id);
 //! - [`error`]: the errors every layer names, and [`error_kind`] their
-//!   kinds.
+//!   kinds; [`loss`]: why a guarded lock is no longer held.
 
 pub(crate) mod durability;
 pub(crate) mod error;
 pub(crate) mod error_kind;
 pub(crate) mod generation;
 pub(crate) mod keys;
+pub(crate) mod loss;
 pub(crate) mod quorum;
 pub(crate) mod request;
 pub(crate) mod scripts;
