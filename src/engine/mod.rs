@@ -151,8 +151,10 @@ impl Inner {
                 }
                 let quorum = crate::protocol::quorum::quorum(self.nodes.len());
                 let mut connected = 0;
+                let mut heard = vec![false; self.nodes.len()];
                 while let Some((index, made)) = futures::StreamExt::next(&mut connecting).await {
                     connected += usize::from(made.is_ok());
+                    heard[index] = true;
                     self.warmed_node(index, made);
                     if connected >= quorum {
                         break;
@@ -167,11 +169,18 @@ impl Inner {
                         biased;
                         next = futures::StreamExt::next(&mut connecting) => {
                             if let Some((index, made)) = next {
+                                heard[index] = true;
                                 self.warmed_node(index, made);
                             }
                         }
                         () = &mut grace => break,
                     }
+                }
+                // A node still connecting took longer than a request may:
+                // silent, so that a release does not wait out its connect
+                // timeout (its connection, once made, ends that).
+                for (node, _) in self.nodes.iter().zip(heard).filter(|(_, heard)| !heard) {
+                    node.silence.timed_out();
                 }
                 if !connecting.is_empty() {
                     // The slower nodes' connections are made (or fail) in
