@@ -79,10 +79,12 @@ pub(crate) enum Until {
     /// Until every node answered, but for the nodes that were silent when
     /// the round began ([`Silence`]: their last request timed out
     /// and nothing was heard from them since): once the others answered,
-    /// their requests, sent, are left to finish in the background, and
-    /// they count as not answering ([`NodeError::Silent`]). A release,
-    /// with a node paused or cut off, then does not wait the node timeout
-    /// for it each time.
+    /// and if the release is `Ok` without them
+    /// ([`Tally::released_without`]), their requests, sent, are left to
+    /// finish in the background, and they count as not answering
+    /// ([`NodeError::Silent`]). A release, with a node paused or cut off,
+    /// then does not wait the node timeout for it each time; where a
+    /// silent node's answer decides the outcome, it is waited for.
     ///
     /// [`Silence`]: crate::engine::silence::Silence
     AllAnswering,
@@ -190,8 +192,20 @@ where
             .collect(),
         Until::Decided | Until::AllNodes => Vec::new(),
     };
-    while let Some((index, outcome)) =
-        next(&mut pending, timer.as_mut(), &settled, unheard.len()).await
+    // The silent nodes are left out only once the release is `Ok` without
+    // them: where their answer decides it, they are waited for.
+    let skippable = |tally: &Tally, unheard: usize| match unheard {
+        0 => 0,
+        _ if tally.released_without(unheard) => unheard,
+        _ => 0,
+    };
+    while let Some((index, outcome)) = next(
+        &mut pending,
+        timer.as_mut(),
+        &settled,
+        skippable(&tally, unheard.len()),
+    )
+    .await
     {
         if let Some(at) = unheard.iter().position(|&silent| silent == index) {
             unheard.swap_remove(at);

@@ -307,12 +307,12 @@ pub enum NodeError {
     /// No answer within the node timeout, or no connection within the
     /// connect timeout.
     Timeout,
-    /// Not waited for: the node's last request timed out and nothing was
-    /// heard from it since (paused, blackholed, or slower than the node
-    /// timeout). A release still sends it its request, which lands when
-    /// the node is back, and owes it the release in the background
-    /// ([`Redlock::pending_releases`](crate::Redlock::pending_releases));
-    /// it does not wait the node timeout for it. Retried like a timeout.
+    /// Not waited for by a release that was `Ok` without it: the node's last
+    /// request timed out and nothing was heard from it since (paused,
+    /// blackholed, or slower than the node timeout). The release still goes
+    /// to it in the background, and is owed to it until the keys expire
+    /// ([`Redlock::pending_releases`](crate::Redlock::pending_releases)).
+    /// Retried like a timeout.
     Silent,
     /// The node could not be reached: connection refused, reset or closed.
     Unreachable(redis::RedisError),
@@ -450,7 +450,7 @@ impl fmt::Display for NodeError {
             NodeError::Timeout => f.write_str("timed out"),
             NodeError::Silent => f.write_str(
                 "not waited for: it did not answer its last request in time \
-                 (the release was sent, and is retried in the background)",
+                 (the release goes to it in the background, and is retried until the keys expire)",
             ),
             NodeError::Unreachable(e) => write!(f, "unreachable ({e})"),
             NodeError::Busy(e) => write!(f, "busy ({e})"),

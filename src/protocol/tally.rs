@@ -255,6 +255,13 @@ impl Tally {
         }
     }
 
+    /// Whether a release round is `Ok` ([`into_released`](Tally::into_released))
+    /// whatever `silent` more nodes answer, counting them as not answering:
+    /// only then may it stop without them.
+    pub(crate) fn released_without(&self, silent: usize) -> bool {
+        self.granted > 0 && self.unknown + self.errors + silent < self.required()
+    }
+
     /// Unlock's rule, for a release round: released when some node released
     /// the key and the nodes that may still hold it (they failed or did not
     /// answer) are too few to make a quorum; otherwise the error that says
@@ -340,6 +347,37 @@ mod tests {
         let t = run(Ask::Acquire, vec![OK, held("a"), held("a"), down(), OK]);
         assert_eq!(t.outcome(), Outcome::MayBeHeld);
         assert!(matches!(t.into_error("r"), Error::Conflict { held: 2, .. }));
+    }
+
+    /// A release leaves silent nodes out only where it is `Ok` whatever
+    /// they answer: the rule `Until::AllAnswering` stops by.
+    #[test]
+    fn a_release_leaves_silent_nodes_out_only_where_they_cannot_decide_it() {
+        let partial = |answers: Vec<Result<Reply, NodeError>>| {
+            let mut t = Tally::new(Ask::Owned, 5);
+            for (i, a) in answers.into_iter().enumerate() {
+                t.record(i, "n", a);
+            }
+            t
+        };
+        // three released, two silent: Ok whatever they say
+        assert!(partial(vec![OK, OK, OK]).released_without(2));
+        // two released, one down, two silent: a quorum may still hold it
+        assert!(!partial(vec![OK, OK, down()]).released_without(2));
+        // two released, three silent
+        assert!(!partial(vec![OK, OK]).released_without(3));
+        // nothing released yet
+        assert!(!partial(vec![]).released_without(1));
+        // and the rule agrees with unlock's once the silent ones are counted
+        let mut t = partial(vec![OK, OK, OK]);
+        assert!(t.released_without(2));
+        t.record(3, "n", Err(NodeError::Silent));
+        t.record(4, "n", Err(NodeError::Silent));
+        assert!(matches!(t.into_released("r"), Ok(3)));
+        let mut t = partial(vec![OK, OK, down()]);
+        t.record(3, "n", Err(NodeError::Silent));
+        t.record(4, "n", Err(NodeError::Silent));
+        assert!(t.into_released("r").is_err());
     }
 
     #[test]
