@@ -40,7 +40,6 @@
 //! burst measured on the same machine at the same time.
 
 use std::alloc::{GlobalAlloc, Layout, System};
-use std::collections::HashSet;
 use std::sync::atomic::{AtomicIsize, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Once};
 use std::time::{Duration, Instant};
@@ -178,14 +177,7 @@ fn resume_after(pid: u32, after: Duration) -> std::thread::JoinHandle<()> {
 
 /// The names of `names` whose key is on some node (one `KEYS *` per node).
 fn keys_left(cluster: &Cluster, names: &[String]) -> Vec<String> {
-    let on_nodes: Vec<HashSet<Vec<u8>>> = (0..cluster.len())
-        .map(|i| cluster.keys_on(i).into_iter().collect())
-        .collect();
-    names
-        .iter()
-        .filter(|name| on_nodes.iter().any(|keys| keys.contains(name.as_bytes())))
-        .cloned()
-        .collect()
+    cluster.left_of(names)
 }
 
 /// The keys of `names` still somewhere once the owed releases drained and

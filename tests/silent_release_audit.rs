@@ -52,7 +52,6 @@
 // apart (each runs on its own runtime; nothing else takes the lock).
 #![allow(clippy::await_holding_lock)]
 
-use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Once};
 use std::time::{Duration, Instant};
@@ -152,14 +151,15 @@ fn names_of(locks: &[Lock]) -> Vec<String> {
 
 /// The names of `names` whose key is on some node (every node must be up).
 fn keys_left(cluster: &Cluster, names: &[String]) -> Vec<String> {
-    let on_nodes: Vec<HashSet<Vec<u8>>> = (0..cluster.len())
-        .map(|i| cluster.keys_on(i).into_iter().collect())
-        .collect();
-    names
-        .iter()
-        .filter(|name| on_nodes.iter().any(|keys| keys.contains(name.as_bytes())))
-        .cloned()
-        .collect()
+    cluster.left_of(names)
+}
+
+/// Five nodes and a warmed manager over them with `node_timeout`.
+async fn five_warm(node_timeout: Duration) -> (Cluster, Redlock) {
+    let cluster = Cluster::start(5);
+    let redlock = manager(cluster.urls(), node_timeout);
+    warm(&redlock).await;
+    (cluster, redlock)
 }
 
 /// Waits until every manager owes nothing, then until none of `names` is
@@ -516,10 +516,8 @@ async fn a_silent_node_that_answers_while_another_is_pending_counts() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_late_set_on_a_silent_node_is_released_there_as_soon_as_it_lands() {
     let _serial = serial();
-    let mut cluster = Cluster::start(5);
     let node_timeout = Duration::from_secs(3);
-    let redlock = manager(cluster.urls(), node_timeout);
-    warm(&redlock).await;
+    let (mut cluster, redlock) = five_warm(node_timeout).await;
     let mut names = Vec::new();
     let mut silencing = Vec::new();
     for (what, count, extended) in [
@@ -845,10 +843,8 @@ async fn sets_extended_and_failed_attempts_with_a_silent_node_leave_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_silent_majority_is_waited_for_and_fails_the_unlock() {
     let _serial = serial();
-    let mut cluster = Cluster::start(5);
     let node_timeout = Duration::from_secs(1);
-    let redlock = manager(cluster.urls(), node_timeout);
-    warm(&redlock).await;
+    let (mut cluster, redlock) = five_warm(node_timeout).await;
     let names: Vec<String> = (0..4).map(|i| resource(&format!("majority-{i}"))).collect();
     let mut locks = Vec::new();
     for n in &names {
@@ -916,10 +912,8 @@ async fn a_silent_majority_is_waited_for_and_fails_the_unlock() {
 async fn a_killed_node_fails_fast_and_a_paused_then_killed_one_too() {
     let _serial = serial();
     let panics_before = panics();
-    let mut cluster = Cluster::start(5);
     let node_timeout = Duration::from_secs(1);
-    let redlock = manager(cluster.urls(), node_timeout);
-    warm(&redlock).await;
+    let (mut cluster, redlock) = five_warm(node_timeout).await;
     let mut names = Vec::new();
 
     cluster.node(4).kill();
@@ -1067,10 +1061,8 @@ async fn a_node_cut_off_with_its_connection_gone_is_not_waited_for() {
 #[tokio::test]
 async fn a_current_thread_test_runtime_with_a_silent_node() {
     let _serial = serial();
-    let mut cluster = Cluster::start(5);
     let node_timeout = Duration::from_secs(1);
-    let redlock = manager(cluster.urls(), node_timeout);
-    warm(&redlock).await;
+    let (mut cluster, redlock) = five_warm(node_timeout).await;
     cluster.node(4).pause();
     let silencing = silence(&[&redlock], node_timeout).await;
     let mut names = names_of(&silencing);

@@ -223,6 +223,19 @@ impl Cluster {
         raw::keys(&self.urls[i])
     }
 
+    /// The names of `names` whose key is on some node (one `KEYS *` per
+    /// node; every node must be up).
+    pub fn left_of(&self, names: &[String]) -> Vec<String> {
+        let on_nodes: Vec<std::collections::HashSet<Vec<u8>>> = (0..self.len())
+            .map(|i| self.keys_on(i).into_iter().collect())
+            .collect();
+        names
+            .iter()
+            .filter(|name| on_nodes.iter().any(|keys| keys.contains(name.as_bytes())))
+            .cloned()
+            .collect()
+    }
+
     /// Every key on every node, node by node.
     pub fn all_keys(&self) -> Vec<Vec<Vec<u8>>> {
         (0..self.len()).map(|i| self.keys_on(i)).collect()
