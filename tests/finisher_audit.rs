@@ -175,6 +175,18 @@ fn resume_after(pid: u32, after: Duration) -> std::thread::JoinHandle<()> {
     })
 }
 
+/// A proxy to node 4, run on `rt`, and the cluster's URLs with node 4's
+/// through it.
+fn node_4_behind_a_proxy(
+    cluster: &mut Cluster,
+    rt: &tokio::runtime::Runtime,
+) -> (Proxy, Vec<String>) {
+    let proxy = rt.block_on(Proxy::to_port(cluster.node(4).port()));
+    let mut urls = cluster.urls()[..4].to_vec();
+    urls.push(proxy.url());
+    (proxy, urls)
+}
+
 /// The names of `names` whose key is on some node (one `KEYS *` per node).
 fn keys_left(cluster: &Cluster, names: &[String]) -> Vec<String> {
     cluster.left_of(names)
@@ -345,9 +357,7 @@ fn steps_behind_a_paused_or_blackholed_node_end_and_leave_no_key() {
     let audit = Audit::start();
     let mut cluster = Cluster::start(5);
     let rt = multi_thread();
-    let proxy = rt.block_on(Proxy::to_port(cluster.node(4).port()));
-    let mut urls = cluster.urls()[..4].to_vec();
-    urls.push(proxy.url());
+    let (proxy, urls) = node_4_behind_a_proxy(&mut cluster, &rt);
     let redlock = Arc::new(build(&urls));
     rt.block_on(warm(&redlock));
     let pid = cluster.node(3).pid().expect("running");
@@ -664,9 +674,7 @@ fn two_runtimes_one_manager_one_dropped_mid_wait() {
     let audit = Audit::start();
     let mut cluster = Cluster::start(5);
     let proxy_rt = multi_thread();
-    let proxy = proxy_rt.block_on(Proxy::to_port(cluster.node(4).port()));
-    let mut urls = cluster.urls()[..4].to_vec();
-    urls.push(proxy.url());
+    let (proxy, urls) = node_4_behind_a_proxy(&mut cluster, &proxy_rt);
     let redlock = Arc::new(build(&urls));
     let a = multi_thread();
     a.block_on(warm(&redlock));
@@ -851,9 +859,8 @@ fn calls_from_block_on_and_spawn_blocking_threads() {
     for multi in [false, true] {
         let mut cluster = Cluster::start(5);
         let proxy_rt = multi_thread();
-        let proxy = Arc::new(proxy_rt.block_on(Proxy::to_port(cluster.node(4).port())));
-        let mut urls = cluster.urls()[..4].to_vec();
-        urls.push(proxy.url());
+        let (proxy, urls) = node_4_behind_a_proxy(&mut cluster, &proxy_rt);
+        let proxy = Arc::new(proxy);
         let redlock = Arc::new(build(&urls));
         let rt = if multi {
             multi_thread()
