@@ -113,6 +113,33 @@ pub enum Agreement {
 
 /// How the model schedules a cluster node's replication (issue 24). Both
 /// give the same behaviours of the clients; the second has fewer states.
+/// How a guarded acquisition of one key on a standalone node checks the
+/// node's generation marker (`restart_guard`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum MarkerCheck {
+    /// One atomic step: the script `SET_MARKED` (src/protocol/scripts.rs)
+    /// makes or reads the marker and sets the key. The code's form on a
+    /// node whose marker the manager does not know to be old.
+    Script,
+    /// Two steps, one pipeline on one connection: `SET key token NX PX ttl
+    /// GET`, then `GET` of the marker (`acquire::known_old`, src/protocol/request/acquire.rs).
+    /// Other requests, and a flush ([`Action::Flush`]), may run between
+    /// them. The node counts only where the marker read is the
+    /// generation that was old when the `SET` ran (the code: the one the
+    /// manager knows to be old, which existed before the request was
+    /// sent, so the same or fewer nodes count); anything else sends the
+    /// script (`Body::Script`), as the code does where the marker
+    /// changed. Every guarded `SET` takes this form first, so the model
+    /// also has the code's script-only acquisitions, one extra `SET` of
+    /// the same token earlier.
+    After,
+    /// Planted violation: the marker's `GET` first, then the `SET` that
+    /// counts where that read was old (a `MULTI` without the atomicity).
+    /// A flush between the two empties the node under a `SET` that then
+    /// counts as old.
+    Before,
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Replication {
     /// The definition: each entry of the replication stream reaches the
@@ -218,6 +245,16 @@ pub struct Cfg {
     pub failovers: u8,
     /// How replication steps are scheduled.
     pub replication: Replication,
+    /// How a guarded acquisition of one key checks the marker (guard on,
+    /// standalone nodes; a set of keys always takes the script). `Script`
+    /// in every configuration but [`Cfg::pipelined`] and
+    /// [`Cfg::check_before`]: the pipeline's extra step multiplies the
+    /// states about a hundredfold.
+    pub marker_check: MarkerCheck,
+    /// Flushes over the run (a nemesis budget): a standalone node loses
+    /// its data, marker included, and keeps its connections
+    /// (`FLUSHALL`; [`Action::Flush`]).
+    pub flushes: u8,
 }
 
 impl Cfg {
@@ -253,6 +290,8 @@ impl Cfg {
             agreement: Agreement::Plain,
             failovers: 0,
             replication: Replication::Deferred,
+            marker_check: MarkerCheck::Script,
+            flushes: 0,
         }
     }
 
@@ -449,6 +488,36 @@ impl Cfg {
             extends: 1,
             max_time: 2,
             ..Cfg::quick()
+        }
+    }
+
+    /// The guarded acquisition's pipeline (`MarkerCheck::After`) against
+    /// a flush, the one fault that empties a node between its two steps
+    /// (a restart breaks the connection: the marker's `GET` is then never
+    /// run). `quick` without its restart, fencing and liveness oracle, and
+    /// with a flush, 2 ticks: 6.9 million states, about a minute here
+    /// (`quick`'s script form has 0.07 million at this size; `TICKS=3
+    /// cargo run --release -- pipelined` checks 18 million in 2.5 min).
+    pub fn pipelined() -> Self {
+        Cfg {
+            marker_check: MarkerCheck::After,
+            losses: 0,
+            flushes: 1,
+            max_time: 2,
+            fencing: Fencing::Off,
+            fences: 0,
+            liveness: false,
+            ..Cfg::quick()
+        }
+    }
+
+    /// Negative model (planted violation): [`Cfg::pipelined`] with the
+    /// marker read before the `SET` (`MarkerCheck::Before`).
+    pub fn check_before() -> Self {
+        Cfg {
+            marker_check: MarkerCheck::Before,
+            max_time: 2,
+            ..Cfg::pipelined()
         }
     }
 
@@ -704,7 +773,18 @@ pub struct Client {
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Body {
+    /// `SET key token NX PX ttl GET`: with the guard on a standalone node,
+    /// the first step of the pipeline ([`MarkerCheck`]); otherwise atomic.
     Set(u8),
+    /// The guarded script (`SET_MARKED`): one atomic step.
+    Script(u8),
+    /// [`MarkerCheck::After`]'s second step: the marker's `GET`, with the
+    /// token, the old generation the `SET` ran in (0: none) and the
+    /// `SET`'s reply (`None`: agreement; `Some(t)`: held by `t`).
+    MarkerAfter(u8, u8, Option<u8>),
+    /// [`MarkerCheck::Before`]'s second step: the `SET`, with the token
+    /// and the old generation the marker's `GET` read.
+    SetAfterMarker(u8, u8),
     Extend(u8),
     Unlock(u8),
     /// Token, the tick the read round started.
@@ -735,6 +815,7 @@ pub struct State {
     pub losses: u8,
     pub drops: u8,
     pub failovers: u8,
+    pub flushes: u8,
     /// History: the largest fencing token issued so far.
     pub fence_max: u8,
     /// History: a token was issued that was not larger than an earlier one.
@@ -770,6 +851,10 @@ pub enum Action {
     /// data is gone when it restarts (at any later time, e.g. after the
     /// max ttl). Standalone nodes only.
     Lose(u8),
+    /// Standalone node `n` loses its data (keys, counter, marker) and
+    /// keeps its connections: requests in flight to it stay in flight
+    /// (`FLUSHALL`, or an eviction that takes everything). Up nodes only.
+    Flush(u8),
     /// Cluster node `n`'s replica receives the oldest write it lacks; a
     /// reply held for it (acknowledged agreement) reaches its client.
     /// (`Replication::Deferred`: every write up to the first one whose
@@ -808,6 +893,69 @@ impl LockModel {
         matches!(s.clients[c].phase, Phase::Holding { exp, .. } if s.now < exp)
     }
 
+    /// The guarded acquisition of one key on a standalone node in two
+    /// steps ([`MarkerCheck`]): runs one step of it, and puts the next
+    /// (the second step, or the script where the marker is not the old
+    /// generation) in flight on the same connection. `None` for every
+    /// other request; `Some(reply)` where this was a step of it (`reply`:
+    /// the answer, once the second step counts the node).
+    fn pipelined(&self, s: &mut State, m: &Msg) -> Option<Option<Reply>> {
+        let i = m.node as usize;
+        let mask = self.cfg.mask(m.client as usize);
+        if self.cfg.guard.is_none()
+            || self.cfg.marker_check == MarkerCheck::Script
+            || self.cfg.is_cluster(i)
+            || mask.count_ones() != 1
+        {
+            return None;
+        }
+        let k = each(mask).next().unwrap_or(0);
+        let now = s.now;
+        let ttl = self.cfg.ttl;
+        let n = &mut s.nodes[i];
+        // The marker's id where it is old; 0 where it is young or missing.
+        let old = match &n.generation {
+            Some(Gen { id, born: None, .. }) => *id,
+            _ => 0,
+        };
+        // A plain `SET … NX PX … GET` (no marker made): `None` where it
+        // agreed, the holder's token where it did not.
+        let mut set = |tok: u8| match n.keys[k] {
+            Some((t, _)) if t != tok => Some(t),
+            Some(_) => None,
+            None => {
+                n.keys[k] = Some((tok, now + ttl));
+                None
+            }
+        };
+        let answer = |held: Option<u8>| Reply {
+            kind: held.map_or(Kind::Ok, Kind::Held),
+            young: false,
+            resync: 0,
+        };
+        let next = match (self.cfg.marker_check, &m.body) {
+            (MarkerCheck::After, &Body::Set(tok)) => Body::MarkerAfter(tok, old, set(tok)),
+            (MarkerCheck::After, &Body::MarkerAfter(tok, set_in, held)) => {
+                if set_in != 0 && old == set_in {
+                    return Some(Some(answer(held)));
+                }
+                Body::Script(tok)
+            }
+            (MarkerCheck::Before, &Body::Set(tok)) if old != 0 => Body::SetAfterMarker(tok, old),
+            (MarkerCheck::Before, &Body::Set(tok)) => Body::Script(tok),
+            (MarkerCheck::Before, &Body::SetAfterMarker(tok, _)) => {
+                return Some(Some(answer(set(tok))));
+            }
+            _ => return None,
+        };
+        s.net.push(Msg {
+            body: next,
+            ..m.clone()
+        });
+        s.net.sort();
+        Some(None)
+    }
+
     /// Nodes answer with `young` only when the guard is on and their
     /// marker is younger than max_ttl on their own clock
     /// (`generation::Generation::reader`).
@@ -819,6 +967,9 @@ impl LockModel {
     /// a script that first makes sure the generation marker exists: the
     /// first request after a data-losing restart creates it, born "now").
     fn serve(&self, s: &mut State, m: &Msg) -> Option<Reply> {
+        if let Some(reply) = self.pipelined(s, m) {
+            return reply;
+        }
         let ttl = self.cfg.ttl;
         let generation_fencing = self.cfg.fencing == Fencing::Generation;
         let now = s.now;
@@ -852,7 +1003,7 @@ impl LockModel {
             // agreement, and our own key keeps its expiry. A set: scripts.rs
             // `ACQUIRE_MANY`: a key held by another token refuses and sets
             // nothing; otherwise every key is set with the ttl, ours too.
-            Body::Set(tok) => match held_by_other(n, mask, tok) {
+            Body::Set(tok) | Body::Script(tok) => match held_by_other(n, mask, tok) {
                 Some(t) => Kind::Held(t),
                 None => {
                     let single = mask.count_ones() == 1;
@@ -882,6 +1033,10 @@ impl LockModel {
                     }
                     if missing > 0 { Kind::Healed } else { Kind::Ok }
                 }
+            }
+            // Steps of the pipeline, run by `pipelined` only.
+            Body::MarkerAfter(..) | Body::SetAfterMarker(..) => {
+                unreachable!("a pipeline step outside the guarded acquisition")
             }
             // scripts.rs `UNLOCK` / `UNLOCK_MANY`: token-checked delete of
             // each key. No reply is modeled: the client stops believing
@@ -1034,9 +1189,13 @@ impl LockModel {
             Agreement::Plain => false,
             Agreement::Acknowledged => matches!(
                 body,
-                Body::Set(_) | Body::Extend(_) | Body::FenceWrite(..) | Body::FenceIncr(_)
+                Body::Set(_)
+                    | Body::Script(_)
+                    | Body::Extend(_)
+                    | Body::FenceWrite(..)
+                    | Body::FenceIncr(_)
             ),
-            Agreement::AcquireOnly => matches!(body, Body::Set(_)),
+            Agreement::AcquireOnly => matches!(body, Body::Set(_) | Body::Script(_)),
         }
     }
 
@@ -1538,6 +1697,13 @@ impl LockModel {
                 }
             }
             Action::Restart(n) => s.nodes[*n as usize].up = true,
+            Action::Flush(n) => {
+                s.flushes += 1;
+                let node = &mut s.nodes[*n as usize];
+                node.keys = [None; KEYS];
+                node.fence = None;
+                node.generation = None;
+            }
             Action::Lose(n) => {
                 s.losses += 1;
                 let node = &mut s.nodes[*n as usize];
@@ -1652,7 +1818,11 @@ impl LockModel {
             .net
             .iter()
             .filter_map(|m| match m.body {
-                Body::Set(t) | Body::Extend(t) => Some(t),
+                Body::Set(t)
+                | Body::Script(t)
+                | Body::MarkerAfter(t, ..)
+                | Body::SetAfterMarker(t, _)
+                | Body::Extend(t) => Some(t),
                 _ => None,
             })
             .chain(
@@ -2095,6 +2265,7 @@ impl Model for LockModel {
             losses: 0,
             drops: 0,
             failovers: 0,
+            flushes: 0,
             fence_max: 0,
             fence_repeat: None,
         }]
@@ -2132,6 +2303,15 @@ impl Model for LockModel {
                     || n.generation.is_some())
             {
                 out.push(Action::Lose(i));
+            }
+            if n.up
+                && s.flushes < cfg.flushes
+                && n.replica.is_none()
+                && (n.keys.iter().any(Option::is_some)
+                    || n.fence.is_some()
+                    || n.generation.is_some())
+            {
+                out.push(Action::Flush(i));
             }
             // A failover changes something only while the replica lags.
             if let Some(r) = &n.replica

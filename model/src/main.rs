@@ -19,6 +19,9 @@
 //! liveness oracle), `cluster-random` (random walks), `cluster-acquire-only`
 //! (planted: the extension not acknowledged), `mixed-plain`, `mixed-acked`,
 //! `mixed-acked-crash` (two cluster nodes and a standalone one).
+//! The guarded acquisition's pipeline (`SET`, then the marker's `GET`):
+//! `pipelined` (against a flush), and the planted violation
+//! `check-before` (the marker read first).
 //! The release gate of the waiting protocol (`src/gate.rs`): `gate`
 //! (broadcast wake-ups), `gate-named` (a named successor), and the planted
 //! violations `gate-no-recreate` (`NAMED=1` for the named variant),
@@ -26,7 +29,9 @@
 //! degradation; `gate-lapse-relink` with the suggested remedy),
 //! `gate-subscribe-unawaited`, `gate-drop-early-wake`, `gate-named-no-check`.
 use redlock_model::gate::{self, GateCfg, Wake};
-use redlock_model::{Agreement, Cfg, Fencing, Replication, Resync, Run, Search, check};
+use redlock_model::{
+    Agreement, Cfg, Fencing, MarkerCheck, Replication, Resync, Run, Search, check,
+};
 
 fn main() {
     let mode = std::env::args().nth(1).unwrap_or_else(|| "quick".into());
@@ -251,10 +256,13 @@ fn main() {
             Search::Bfs,
             None,
         ),
+        "pipelined" => (Cfg::pipelined(), Search::Bfs, None),
+        "check-before" => (Cfg::check_before(), Search::Bfs, Some("mutual exclusion")),
         _ => (Cfg::quick(), Search::Bfs, None),
     };
     // Overrides for measuring sizes: TICKS (max_time), SYMMETRY and FAST
-    // (fast node clocks) (0 or 1),
+    // (fast node clocks) and LIVENESS (0 or 1), MARKER (0: the script, 1:
+    // the pipeline, 2: the marker read first),
     // LOSSES, EXTENDS, FAILOVERS, CRASHES (budgets), CLUSTERS (how many of
     // the nodes are cluster nodes), STEPWISE (1: `Replication::Stepwise`).
     let env = |name: &str| std::env::var(name).ok().and_then(|v| v.parse::<u8>().ok());
@@ -286,6 +294,19 @@ fn main() {
     }
     if let Some(v) = env("CRASHES") {
         cfg.crashes = v;
+    }
+    if let Some(v) = env("LIVENESS") {
+        cfg.liveness = v == 1;
+    }
+    if let Some(v) = env("FLUSHES") {
+        cfg.flushes = v;
+    }
+    if let Some(v) = env("MARKER") {
+        cfg.marker_check = match v {
+            0 => MarkerCheck::Script,
+            1 => MarkerCheck::After,
+            _ => MarkerCheck::Before,
+        };
     }
     if let Some(v) = env("CLUSTERS") {
         cfg.cluster_nodes = v.into();

@@ -1,8 +1,8 @@
 //! The quick configuration for CI (`cd model && cargo test --release`):
 //! the positive model exhaustively at 3 nodes and 2 clients (3 ticks), an
-//! extend called directly (no watchdog) and multi-resource locks, each
-//! exhaustively, and each negative model, which must fail with a printed
-//! counterexample.
+//! extend called directly (no watchdog), multi-resource locks and the
+//! guarded acquisition's pipeline against a flush, each exhaustively, and
+//! each negative model, which must fail with a printed counterexample.
 //!
 //! The tests run one after another (one checker at a time: the machine has
 //! two cores): a single test function drives them all.
@@ -118,6 +118,26 @@ fn negatives() {
         Cfg::extend_without_recheck(),
         Search::Bfs,
         "tenure continuity",
+    );
+    // Planted violation: the guarded acquisition's pipeline with the
+    // marker read before the `SET`: a flush between the two empties the
+    // node under a `SET` that counts as old.
+    must_fail(
+        "the marker read before the SET, a flush between",
+        Cfg::check_before(),
+        Search::Bfs,
+        "mutual exclusion",
+    );
+}
+
+/// The guarded acquisition of one key on a node known old: `SET`, then
+/// the marker's `GET`, in one pipeline (`MarkerCheck::After`), against a
+/// flush between the two; the planted violation is in `negatives`.
+fn pipelined() {
+    must_hold(
+        "the guarded pipeline, a flush (safety, 2 ticks)",
+        Cfg::pipelined(),
+        &["a lock is granted"],
     );
 }
 
@@ -288,5 +308,6 @@ fn model_quick() {
     five_nodes_random();
     direct_extend();
     multi();
+    pipelined();
     positive_quick();
 }

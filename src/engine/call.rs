@@ -2,7 +2,7 @@
 //! on the same lock, bounded by the round's timer or its own, sent again on
 //! a fresh connection when the node restarted, and the per-node fallbacks
 //! (the script for servers older than Redis 7.0, the native conditional
-//! delete for users denied scripts, the guarded acquisition's transaction
+//! delete for users denied scripts, the guarded acquisition's pipeline
 //! for nodes known to be old).
 
 use std::future::Future;
@@ -59,9 +59,9 @@ pub(crate) async fn call(
         Marked::Known => node.known.get(),
         Marked::WithAge | Marked::No => None,
     };
-    // A guarded acquisition on a node known to be old: a transaction, not
+    // A guarded acquisition on a node known to be old: a pipeline, not
     // the script (see `acquire::known_old`).
-    // (Not on a cluster node: the transaction names the marker and the
+    // (Not on a cluster node: the pipeline names the marker and the
     // lock key in two slots.)
     let mut checked = match (&known, known_old) {
         (Some(_), Some(old)) if !compat && !node.is_cluster() => Some(old),
@@ -194,9 +194,9 @@ pub(crate) async fn call(
                     node.silence.heard();
                 }
                 if checked.is_some() && !matches!(error, NodeError::Unreachable(_)) {
-                    // The transaction refused (a server that queues no
-                    // `SET … NX … GET`, say): the script, with its own
-                    // fallbacks, decides.
+                    // The pipeline's `SET` refused (a key of the wrong
+                    // type, a server without `SET … NX … GET`, say): the
+                    // script, with its own fallbacks, decides.
                     checked = None;
                     continue;
                 }

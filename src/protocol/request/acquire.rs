@@ -56,11 +56,20 @@ pub(crate) fn request(
 }
 
 /// The guarded acquisition of one key ([`scripts::SET_MARKED`]) as a node
-/// whose marker the manager knows to be old takes it: `MULTI`, `GET` of the
-/// marker, `SET key token NX PX ttl GET`, `EXEC` (atomic, as the script, and
-/// cheaper for the node than a script: about 0.9 µs over a bare `SET`
-/// against 3.3 µs). Read by [`read_known_old`]. `None` for any other
+/// whose marker the manager knows to be old takes it: `SET key token NX PX
+/// ttl GET`, then `GET` of the marker, in one pipeline (two replies; the
+/// script costs the node about three times a bare `SET`, a transaction
+/// four replies). Read by [`read_known_old`]. `None` for any other
 /// request.
+///
+/// The marker is read *after* the write, on the same connection: where it
+/// still holds the generation the manager knew to be old, the `SET` ran in
+/// that generation's dataset. That generation existed before the request
+/// was sent; a restart in between closes the connection (the `GET` never
+/// runs), and a flush or an eviction removes the marker, which is never
+/// made again with the same id. A read before the write would miss a
+/// flush between the two (the model's planted violation `check-before`,
+/// `model/src/lib.rs` `MarkerCheck`; `pipelined` checks this form).
 pub(crate) fn known_old(request: &Request) -> Option<Request> {
     let Request::Script {
         script, keys, args, ..
@@ -75,20 +84,21 @@ pub(crate) fn known_old(request: &Request) -> Option<Request> {
         return None;
     };
     let mut pipe = redis::pipe();
-    pipe.atomic()
-        .cmd("GET")
-        .arg(marker.as_slice())
-        .cmd("SET")
+    pipe.cmd("SET")
         .arg(key.as_slice())
         .arg(token.as_slice())
         .arg("NX")
         .arg("PX")
         .arg(millis.as_slice())
-        .arg("GET");
+        .arg("GET")
+        .cmd("GET")
+        .arg(marker.as_slice())
+        .ignore_errors();
     Some(Request::Pipe(Arc::new(pipe)))
 }
 
-/// Reads the reply of [`known_old`]: where the marker still holds `known`,
+/// Reads the reply of [`known_old`]: where the marker, read after the
+/// `SET`, still holds `known`,
 /// the `SET`'s reply in the marked scripts' short form (`{body}`: the node
 /// is as old as it was, see
 /// [`Known`](crate::protocol::generation::Known)); `Ok(None)` where the
@@ -100,7 +110,7 @@ pub(crate) fn read_known_old(value: &Value, known: &[u8]) -> redis::RedisResult<
     let Value::Array(parts) = value else {
         return Ok(None);
     };
-    let [marker, set] = parts.as_slice() else {
+    let [set, marker] = parts.as_slice() else {
         return Ok(None);
     };
     if let Value::ServerError(e) = set {
