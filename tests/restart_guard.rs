@@ -476,20 +476,33 @@ fn the_guard_refuses_longer_ttls_and_bad_settings() {
         "redis://127.0.0.1:2/",
         "redis://127.0.0.1:3/",
     ];
-    let err = Redlock::builder(urls)
-        .restart_guard(Duration::ZERO)
+    // Zero, and a max_ttl no ttl fits under (every ttl at most its drift
+    // allowance of 2 ms and more): refused at build.
+    for max_ttl in [
+        Duration::ZERO,
+        Duration::from_nanos(1),
+        Duration::from_millis(2),
+    ] {
+        let err = Redlock::builder(urls)
+            .restart_guard(max_ttl)
+            .build()
+            .unwrap_err();
+        assert!(
+            matches!(
+                err,
+                Error::InvalidSetting {
+                    setting: "restart_guard",
+                    ..
+                }
+            ),
+            "{max_ttl:?}: {err}"
+        );
+    }
+    // The shortest that works: 3 ms (drift 2.03 ms).
+    Redlock::builder(urls)
+        .restart_guard(Duration::from_millis(3))
         .build()
-        .unwrap_err();
-    assert!(
-        matches!(
-            err,
-            Error::InvalidSetting {
-                setting: "restart_guard",
-                ..
-            }
-        ),
-        "{err}"
-    );
+        .unwrap();
     let redlock = Redlock::builder(urls)
         .restart_guard(Duration::from_secs(10))
         .build()

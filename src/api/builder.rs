@@ -214,7 +214,10 @@ impl RedlockBuilder {
     ///
     /// The cost: acquisition and extension run a Lua script that reads the
     /// marker and the node's `TIME` instead of a plain `SET` (one round
-    /// trip still; see the README's benchmark figures), and a brand-new
+    /// trip still); once the manager has seen a node's marker old, the
+    /// acquisition of one key there is the `SET` with the marker's `GET`
+    /// behind it in one pipeline (see the README's benchmark figures for
+    /// the price). A brand-new
     /// cluster (no marker yet) grants no lock until `max_ttl` after the first
     /// request of any guarded client. Off by default, so that a fleet mixing
     /// this crate with other Redlock clients keeps its plain `SET`s. The
@@ -222,7 +225,17 @@ impl RedlockBuilder {
     /// shows"): a node keeps all its data or loses all of it, fewer than
     /// half the nodes lose their data at once, and no key is evicted.
     ///
-    /// Must be longer than zero and at most [`MAX_TTL`](crate::MAX_TTL).
+    /// Must be longer than its own clock drift allowance (`max_ttl ×
+    /// drift_factor + 2 ms`, so that some ttl fits under it) and at most
+    /// [`MAX_TTL`](crate::MAX_TTL); `build` refuses it otherwise
+    /// ([`Error::InvalidSetting`]).
+    ///
+    /// A node that does not count yet shows only in a failed call's error
+    /// ([`NodeError::Young`](crate::NodeError::Young) among its failures):
+    /// [`Redlock::health`](crate::Redlock::health) checks reachability and
+    /// configuration, not the markers' ages, and
+    /// [`stats`](crate::Redlock::stats)' `node_failures` counts timeouts,
+    /// errors and failed connections only.
     pub fn restart_guard(mut self, max_ttl: Duration) -> Self {
         self.config.restart_guard = Some(max_ttl);
         self
@@ -311,6 +324,16 @@ impl RedlockBuilder {
             return Err(Error::InvalidSetting {
                 setting: "restart_guard",
                 reason: "must be longer than zero and at most MAX_TTL",
+            });
+        }
+        if let Some(g) = config.restart_guard
+            && crate::protocol::timing::Ttl::new(g, config.drift_factor).is_err()
+        {
+            // Every ttl is then at or below its drift allowance, or above
+            // `max_ttl`: no lock could ever be taken.
+            return Err(Error::InvalidSetting {
+                setting: "restart_guard",
+                reason: "must be longer than its clock drift allowance (max_ttl × drift_factor + 2 ms): no ttl would fit under it",
             });
         }
         if config
