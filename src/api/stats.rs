@@ -44,11 +44,11 @@ impl Stats {
         let c = &inner.stats;
         let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
         Stats {
-            attempts: load(&c.attempts),
-            grants: load(&c.grants),
-            conflicts: load(&c.conflicts),
-            no_quorum: load(&c.no_quorum),
-            errors: load(&c.errors),
+            attempts: c.total(|s| &s.attempts),
+            grants: c.total(|s| &s.grants),
+            conflicts: c.total(|s| &s.conflicts),
+            no_quorum: c.total(|s| &s.no_quorum),
+            errors: c.total(|s| &s.errors),
             renewals: load(&c.renewals),
             losses: load(&c.losses),
             pending_releases: inner.retries.owed(),

@@ -1,10 +1,57 @@
 //! Counters of what a manager did, always on and cheap (a relaxed atomic
-//! add per event), read with [`Redlock::stats`](crate::Redlock::stats). With the `metrics` feature
+//! add per event), read with [`Redlock::stats`](crate::Redlock::stats).
+//! The counters of every call (attempts, outcomes, the latency histogram)
+//! are kept in a few shards, each on cache lines of its own, and a thread
+//! adds to its own shard: counters that every worker thread adds to on
+//! every call would move their cache line between cores each time (2-7 %
+//! of scenario 5's throughput on two workers, measured against
+//! `stats(false)` by turns). Reading sums the shards. With the `metrics` feature
 //! the same events also go to the `metrics` crate's facade, so that a
 //! Prometheus (or any other) exporter sees them.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
+
+/// Shards of the per-call counters: threads are given shards in turn, so
+/// the first eight threads that count (a runtime's workers, say) each
+/// have their own.
+const SHARDS: usize = 8;
+
+/// The counters one thread adds to on every call, apart from other
+/// threads' (128-byte aligned: two cache lines, as adjacent lines are
+/// fetched together).
+#[derive(Debug)]
+#[repr(align(128))]
+pub(crate) struct Shard {
+    pub(crate) attempts: AtomicU64,
+    pub(crate) grants: AtomicU64,
+    pub(crate) conflicts: AtomicU64,
+    pub(crate) no_quorum: AtomicU64,
+    pub(crate) errors: AtomicU64,
+    latency: [AtomicU64; BUCKETS],
+}
+
+impl Shard {
+    fn new() -> Self {
+        Shard {
+            attempts: AtomicU64::new(0),
+            grants: AtomicU64::new(0),
+            conflicts: AtomicU64::new(0),
+            no_quorum: AtomicU64::new(0),
+            errors: AtomicU64::new(0),
+            latency: std::array::from_fn(|_| AtomicU64::new(0)),
+        }
+    }
+}
+
+/// This thread's shard index, given in turn at its first count.
+fn shard_index() -> usize {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    thread_local! {
+        static INDEX: usize = NEXT.fetch_add(1, Ordering::Relaxed) % SHARDS;
+    }
+    INDEX.with(|i| *i)
+}
 
 /// Acquire-latency histogram buckets: bucket `b` holds latencies below
 /// `2^(b/4)` microseconds (four buckets per doubling, up to about 4.5 hours).
@@ -15,15 +62,11 @@ const BUCKETS: usize = 4 * 34;
 pub(crate) struct Counters {
     /// `RedlockBuilder::stats(false)` turns the counting off.
     pub(crate) enabled: bool,
-    pub(crate) attempts: AtomicU64,
-    pub(crate) grants: AtomicU64,
-    pub(crate) conflicts: AtomicU64,
-    pub(crate) no_quorum: AtomicU64,
-    pub(crate) errors: AtomicU64,
+    /// The per-call counters, by thread ([`shard_index`]).
+    shards: Box<[Shard]>,
     pub(crate) renewals: AtomicU64,
     pub(crate) losses: AtomicU64,
     pub(crate) node_failures: Box<[AtomicU64]>,
-    pub(crate) latency: Box<[AtomicU64]>,
 }
 
 /// What an acquisition call ended with.
@@ -39,22 +82,33 @@ impl Counters {
     pub(crate) fn new(nodes: usize, enabled: bool) -> Self {
         Counters {
             enabled,
-            attempts: AtomicU64::new(0),
-            grants: AtomicU64::new(0),
-            conflicts: AtomicU64::new(0),
-            no_quorum: AtomicU64::new(0),
-            errors: AtomicU64::new(0),
+            // No shards when nothing is counted.
+            shards: (0..if enabled { SHARDS } else { 0 })
+                .map(|_| Shard::new())
+                .collect(),
             renewals: AtomicU64::new(0),
             losses: AtomicU64::new(0),
             node_failures: (0..nodes).map(|_| AtomicU64::new(0)).collect(),
-            latency: (0..BUCKETS).map(|_| AtomicU64::new(0)).collect(),
         }
+    }
+
+    /// This thread's shard (only where `enabled`).
+    fn shard(&self) -> &Shard {
+        &self.shards[shard_index()]
+    }
+
+    /// The sum of one per-call counter over the shards.
+    pub(crate) fn total(&self, counter: impl Fn(&Shard) -> &AtomicU64) -> u64 {
+        self.shards
+            .iter()
+            .map(|s| counter(s).load(Ordering::Relaxed))
+            .sum()
     }
 
     /// One acquisition round sent.
     pub(crate) fn attempt(&self) {
         if self.enabled {
-            self.attempts.fetch_add(1, Ordering::Relaxed);
+            self.shard().attempts.fetch_add(1, Ordering::Relaxed);
         }
         #[cfg(feature = "metrics")]
         metrics::counter!("redlock_attempts_total").increment(1);
@@ -62,21 +116,22 @@ impl Counters {
 
     /// One acquisition call ended.
     pub(crate) fn ended(&self, ended: Ended) {
-        let counter = match ended {
-            Ended::Granted(latency) => {
-                if self.enabled {
-                    self.latency[bucket(latency)].fetch_add(1, Ordering::Relaxed);
-                }
-                #[cfg(feature = "metrics")]
-                metrics::histogram!("redlock_acquire_seconds").record(latency.as_secs_f64());
-                &self.grants
-            }
-            Ended::Conflict => &self.conflicts,
-            Ended::NoQuorum => &self.no_quorum,
-            Ended::Error => &self.errors,
-        };
         if self.enabled {
+            let shard = self.shard();
+            let counter = match ended {
+                Ended::Granted(latency) => {
+                    shard.latency[bucket(latency)].fetch_add(1, Ordering::Relaxed);
+                    &shard.grants
+                }
+                Ended::Conflict => &shard.conflicts,
+                Ended::NoQuorum => &shard.no_quorum,
+                Ended::Error => &shard.errors,
+            };
             counter.fetch_add(1, Ordering::Relaxed);
+        }
+        #[cfg(feature = "metrics")]
+        if let Ended::Granted(latency) = ended {
+            metrics::histogram!("redlock_acquire_seconds").record(latency.as_secs_f64());
         }
         #[cfg(feature = "metrics")]
         {
@@ -120,10 +175,8 @@ impl Counters {
     /// The acquire latency below which `q` of the grants came (upper bound
     /// of the histogram bucket), if any grant was counted.
     pub(crate) fn quantile(&self, q: f64) -> Option<Duration> {
-        let counts: Vec<u64> = self
-            .latency
-            .iter()
-            .map(|c| c.load(Ordering::Relaxed))
+        let counts: Vec<u64> = (0..BUCKETS)
+            .map(|b| self.total(|s| &s.latency[b]))
             .collect();
         let total: u64 = counts.iter().sum();
         if total == 0 {
@@ -168,6 +221,36 @@ mod tests {
             );
         }
         assert_eq!(bucket(Duration::MAX), BUCKETS - 1);
+    }
+
+    #[test]
+    fn counts_from_many_threads_add_up_across_the_shards() {
+        let c = Counters::new(2, true);
+        // More threads than shards: some share one.
+        std::thread::scope(|s| {
+            for t in 0..(SHARDS as u64 + 4) {
+                let c = &c;
+                s.spawn(move || {
+                    for _ in 0..1000 {
+                        c.attempt();
+                        c.ended(Ended::Granted(Duration::from_micros(100 + t)));
+                    }
+                    c.ended(Ended::Conflict);
+                });
+            }
+        });
+        let threads = SHARDS as u64 + 4;
+        assert_eq!(c.total(|s| &s.attempts), threads * 1000);
+        assert_eq!(c.total(|s| &s.grants), threads * 1000);
+        assert_eq!(c.total(|s| &s.conflicts), threads);
+        let p50 = c.quantile(0.5).unwrap();
+        assert!(p50 >= Duration::from_micros(100) && p50 < Duration::from_micros(140));
+        // Counting off: nothing counted, nothing kept.
+        let off = Counters::new(2, false);
+        off.attempt();
+        off.ended(Ended::Granted(Duration::from_micros(100)));
+        assert_eq!(off.total(|s| &s.attempts), 0);
+        assert_eq!(off.quantile(0.5), None);
     }
 
     #[test]
