@@ -73,6 +73,9 @@ pub(crate) async fn call(
     let mut queued: Option<(u64, u64)> = None;
     // The answer to a send that went before an earlier request's second send.
     let mut earlier: Option<Value> = None;
+    // The release of our key where the guarded pipeline's `SET` took and
+    // the marker had changed: sent should the script that follows fail.
+    let mut take_back: Option<Request> = None;
     loop {
         if queued.take().is_some() {
             // Sent again: after the earlier requests settled.
@@ -159,10 +162,13 @@ pub(crate) async fn call(
             }
             Some(Ok(value)) if checked.is_some() => {
                 let was = known.as_deref().unwrap_or_default();
+                // The node answered (a node flagged silent is heard).
+                node.answered();
                 match acquire::read_known_old(&value, was) {
                     Ok(Some(short)) => return Ok(short),
                     Ok(None) => {
                         // The marker changed: the script reads its age.
+                        take_back = acquire::taken_back(&request, &value);
                         node.known.forget();
                         known = None;
                         checked = None;
@@ -219,6 +225,24 @@ pub(crate) async fn call(
                     continue;
                 }
                 if !matches!(error, NodeError::Unreachable(_)) {
+                    if let Some(back) = take_back.take() {
+                        // The pipeline's `SET` took and the script that was
+                        // to decide refused (a marker of the wrong type, a
+                        // user denied scripts): an error, which a failed
+                        // attempt does not release. Best effort, on this
+                        // connection, behind the script.
+                        let native = unlock::native_instead(node.native_release(), &back);
+                        let sent = tokio::time::timeout(timeout, run(&back, None, &mut conn.conn));
+                        if !matches!(sent.await, Ok(Ok(_)))
+                            && let Some(native) = native
+                        {
+                            let _ = tokio::time::timeout(
+                                timeout,
+                                native.query_async::<Value>(&mut conn.conn),
+                            )
+                            .await;
+                        }
+                    }
                     return Err(shard_of_a_cluster(&node, error));
                 }
                 node.broken(&conn);

@@ -124,6 +124,46 @@ pub(crate) fn read_known_old(value: &Value, known: &[u8]) -> redis::RedisResult<
     }
 }
 
+/// Where the marker changed ([`read_known_old`] gave `Ok(None)`): the
+/// release of our key to send should the script that follows fail, for
+/// the pipeline's `SET` took (it found the key free, or ours). A node that
+/// answers the acquisition with an error is not released by a failed
+/// attempt (it did not take our `SET`, as far as the round knows), so the
+/// caller takes the key back itself. `None` where the `SET` did not take
+/// (the key held by another) or `request` is not the guarded acquisition
+/// of one key.
+pub(crate) fn taken_back(request: &Request, value: &Value) -> Option<Request> {
+    let Request::Script {
+        script: sent,
+        keys,
+        args,
+        ..
+    } = request
+    else {
+        return None;
+    };
+    let (Value::Array(parts), true) = (value, std::ptr::eq(*sent, &*scripts::SET_MARKED)) else {
+        return None;
+    };
+    let ([key, _marker], [token, ..], [set, _]) = (&keys[..], &args[..], parts.as_slice()) else {
+        return None;
+    };
+    let took = match set {
+        Value::Nil => true,
+        Value::BulkString(held) => held == token,
+        _ => false,
+    };
+    took.then(|| {
+        script(
+            Kind::Unlock,
+            &scripts::UNLOCK,
+            &scripts::UNLOCK_MANY,
+            &[key.as_slice()],
+            &[token.as_slice(), b"quiet"],
+        )
+    })
+}
+
 /// How the reply of [`request`] is read.
 pub(crate) fn read<'a>(
     generation: &'a Generation,
