@@ -216,8 +216,9 @@ impl RedlockBuilder {
     /// marker and the node's `TIME` instead of a plain `SET` (one round
     /// trip still); once the manager has seen a node's marker old, the
     /// acquisition of one key there is the `SET` with the marker's `GET`
-    /// behind it in one pipeline (see the README's benchmark figures for
-    /// the price). A brand-new
+    /// behind it in one pipeline (standalone nodes of Redis 7.0 or later,
+    /// without [`durability`](Self::durability); see the README's
+    /// benchmark figures for the price). A brand-new
     /// cluster (no marker yet) grants no lock until `max_ttl` after the first
     /// request of any guarded client. Off by default, so that a fleet mixing
     /// this crate with other Redlock clients keeps its plain `SET`s. The

@@ -14,7 +14,7 @@ use futures::future::Either;
 use redis::{Cmd, Value};
 
 use crate::engine::inflight::{InFlight, Mark};
-use crate::engine::node::Node;
+use crate::engine::node::{Node, NodeConn};
 use crate::engine::send::run;
 use crate::protocol::error::NodeError;
 use crate::protocol::request::unlock;
@@ -73,9 +73,10 @@ pub(crate) async fn call(
     let mut queued: Option<(u64, u64)> = None;
     // The answer to a send that went before an earlier request's second send.
     let mut earlier: Option<Value> = None;
-    // The release of our key where the guarded pipeline's `SET` took and
-    // the marker had changed: sent should the script that follows fail.
-    let mut take_back: Option<Request> = None;
+    // The guarded pipeline's `SET` took and the marker had changed: our
+    // key is to be taken back should the script that follows fail (a flag:
+    // the release is made only then, and this future stays small).
+    let mut take_back = false;
     loop {
         if queued.take().is_some() {
             // Sent again: after the earlier requests settled.
@@ -168,7 +169,7 @@ pub(crate) async fn call(
                     Ok(Some(short)) => return Ok(short),
                     Ok(None) => {
                         // The marker changed: the script reads its age.
-                        take_back = acquire::taken_back(&request, &value);
+                        take_back = acquire::set_took(&request, &value);
                         node.known.forget();
                         known = None;
                         checked = None;
@@ -225,23 +226,15 @@ pub(crate) async fn call(
                     continue;
                 }
                 if !matches!(error, NodeError::Unreachable(_)) {
-                    if let Some(back) = take_back.take() {
+                    if std::mem::take(&mut take_back)
+                        && let Some(back) = acquire::taken_back(&request)
+                    {
                         // The pipeline's `SET` took and the script that was
                         // to decide refused (a marker of the wrong type, a
                         // user denied scripts): an error, which a failed
-                        // attempt does not release. Best effort, on this
-                        // connection, behind the script.
-                        let native = unlock::native_instead(node.native_release(), &back);
-                        let sent = tokio::time::timeout(timeout, run(&back, None, &mut conn.conn));
-                        if !matches!(sent.await, Ok(Ok(_)))
-                            && let Some(native) = native
-                        {
-                            let _ = tokio::time::timeout(
-                                timeout,
-                                native.query_async::<Value>(&mut conn.conn),
-                            )
-                            .await;
-                        }
+                        // attempt does not release. Boxed: rare, and kept
+                        // out of every call's future.
+                        Box::pin(take_back_key(&node, &back, timeout, &mut conn.conn)).await;
                     }
                     return Err(shard_of_a_cluster(&node, error));
                 }
@@ -253,6 +246,24 @@ pub(crate) async fn call(
             }
         }
     }
+}
+
+/// Releases our key on a node where the guarded pipeline's `SET` took and
+/// the script that was to decide failed ([`acquire::taken_back`]): best
+/// effort, on the script's connection and behind it, within one node
+/// timeout in all; the native conditional delete where the node refuses
+/// the script. Where it fails too, the key stays until its ttl (it blocks
+/// others on that node only: the node did not count).
+async fn take_back_key(node: &Node, back: &Request, timeout: Duration, conn: &mut NodeConn) {
+    let native = unlock::native_instead(node.native_release(), back);
+    let _ = tokio::time::timeout(timeout, async {
+        if run(back, None, conn).await.is_err()
+            && let Some(native) = native
+        {
+            let _ = native.query_async::<Value>(conn).await;
+        }
+    })
+    .await;
 }
 
 /// A request on its round's deadline: answers `None` (timed out) once the

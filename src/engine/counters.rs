@@ -92,8 +92,9 @@ impl Counters {
         }
     }
 
-    /// This thread's shard (only where `enabled`).
+    /// This thread's shard (only where `enabled`: there are none otherwise).
     fn shard(&self) -> &Shard {
+        debug_assert!(self.enabled, "no shards: counting is off");
         &self.shards[shard_index()]
     }
 

@@ -113,6 +113,8 @@ pub(crate) fn read_known_old(value: &Value, known: &[u8]) -> redis::RedisResult<
     let [set, marker] = parts.as_slice() else {
         return Ok(None);
     };
+    // (`run_pipe` makes the `SET`'s error the request's error, and the
+    // script then decides; this is for a reply read some other way.)
     if let Value::ServerError(e) = set {
         return Err(e.clone().into());
     }
@@ -124,15 +126,26 @@ pub(crate) fn read_known_old(value: &Value, known: &[u8]) -> redis::RedisResult<
     }
 }
 
-/// Where the marker changed ([`read_known_old`] gave `Ok(None)`): the
-/// release of our key to send should the script that follows fail, for
-/// the pipeline's `SET` took (it found the key free, or ours). A node that
+/// Where the marker changed ([`read_known_old`] gave `Ok(None)`): whether
+/// the pipeline's `SET` took (it found the key free, or ours), so that our
+/// key is on the node should the script that follows fail. A node that
 /// answers the acquisition with an error is not released by a failed
 /// attempt (it did not take our `SET`, as far as the round knows), so the
-/// caller takes the key back itself. `None` where the `SET` did not take
-/// (the key held by another) or `request` is not the guarded acquisition
-/// of one key.
-pub(crate) fn taken_back(request: &Request, value: &Value) -> Option<Request> {
+/// caller then takes the key back itself ([`taken_back`]).
+pub(crate) fn set_took(request: &Request, value: &Value) -> bool {
+    let (Request::Script { args, .. }, Value::Array(parts)) = (request, value) else {
+        return false;
+    };
+    match (args.first(), parts.first()) {
+        (Some(_), Some(Value::Nil)) => true,
+        (Some(token), Some(Value::BulkString(held))) => held == token,
+        _ => false,
+    }
+}
+
+/// The quiet release of the key of the guarded acquisition of one key
+/// ([`scripts::SET_MARKED`]) with its token; `None` for any other request.
+pub(crate) fn taken_back(request: &Request) -> Option<Request> {
     let Request::Script {
         script: sent,
         keys,
@@ -142,26 +155,19 @@ pub(crate) fn taken_back(request: &Request, value: &Value) -> Option<Request> {
     else {
         return None;
     };
-    let (Value::Array(parts), true) = (value, std::ptr::eq(*sent, &*scripts::SET_MARKED)) else {
+    if !std::ptr::eq(*sent, &*scripts::SET_MARKED) {
+        return None;
+    }
+    let ([key, _marker], [token, ..]) = (&keys[..], &args[..]) else {
         return None;
     };
-    let ([key, _marker], [token, ..], [set, _]) = (&keys[..], &args[..], parts.as_slice()) else {
-        return None;
-    };
-    let took = match set {
-        Value::Nil => true,
-        Value::BulkString(held) => held == token,
-        _ => false,
-    };
-    took.then(|| {
-        script(
-            Kind::Unlock,
-            &scripts::UNLOCK,
-            &scripts::UNLOCK_MANY,
-            &[key.as_slice()],
-            &[token.as_slice(), b"quiet"],
-        )
-    })
+    Some(script(
+        Kind::Unlock,
+        &scripts::UNLOCK,
+        &scripts::UNLOCK_MANY,
+        &[key.as_slice()],
+        &[token.as_slice(), b"quiet"],
+    ))
 }
 
 /// How the reply of [`request`] is read.
