@@ -199,25 +199,7 @@ async fn a_node_that_lost_its_data_counts_again_after_max_ttl() {
 /// must count it as young, not as the old node it knew.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_manager_that_knew_a_node_as_old_does_not_count_it_once_it_lost_its_data() {
-    let mut cluster = Cluster::start(3);
-    age_markers(&cluster).await;
-    let redlock = guarded(&cluster);
-    let res = resource("guard-known");
-    // Known old on every node now.
-    let lock = redlock.try_lock(&res, MAX_TTL).await.unwrap();
-    redlock.unlock(&lock).await.unwrap();
-    let lock = redlock.try_lock(&res, MAX_TTL).await.unwrap();
-    redlock.unlock(&lock).await.unwrap();
-    cluster.node(0).restart();
-    cluster.node(2).kill();
-    let err = redlock.try_lock(&res, MAX_TTL).await.unwrap_err();
-    assert!(matches!(err, Error::NoQuorum { .. }), "{err}");
-    let err = redlock.try_lock(&res, MAX_TTL).await.unwrap_err();
-    assert!(matches!(err, Error::NoQuorum { .. }), "still young: {err}");
-    tokio::time::sleep(MAX_TTL).await;
-    let lock = redlock.try_lock(&res, MAX_TTL).await.unwrap();
-    redlock.unlock(&lock).await.unwrap();
-    cluster.node(2).restart();
+    known_old_then_lost("guard-known", |cluster| cluster.node(0).restart()).await;
 }
 
 /// A flush keeps the connection (no restart for the manager to notice):
@@ -225,15 +207,25 @@ async fn a_manager_that_knew_a_node_as_old_does_not_count_it_once_it_lost_its_da
 /// script makes a new one, and the node does not count until it is old.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_manager_that_knew_a_node_as_old_does_not_count_it_once_it_was_flushed() {
+    known_old_then_lost("guard-flushed", |cluster| {
+        let _: () = redis::cmd("FLUSHALL").query(&mut cluster.conn(0)).unwrap();
+    })
+    .await;
+}
+
+/// Every node known old to a manager; then node 0 loses its data (`lose`)
+/// and node 2 is down: no quorum while node 0 is young (it says so), one
+/// once it is old again.
+async fn known_old_then_lost(name: &str, lose: impl FnOnce(&mut Cluster)) {
     let mut cluster = Cluster::start(3);
     age_markers(&cluster).await;
     let redlock = guarded(&cluster);
-    let res = resource("guard-flushed");
+    let res = resource(name);
     for _ in 0..2 {
         let lock = redlock.try_lock(&res, MAX_TTL).await.unwrap();
         redlock.unlock(&lock).await.unwrap();
     }
-    let _: () = redis::cmd("FLUSHALL").query(&mut cluster.conn(0)).unwrap();
+    lose(&mut cluster);
     cluster.node(2).kill();
     let err = redlock.try_lock(&res, MAX_TTL).await.unwrap_err();
     assert!(matches!(err, Error::NoQuorum { .. }), "{err}");
