@@ -165,9 +165,9 @@ pub(crate) async fn call(
                 let was = known.as_deref().unwrap_or_default();
                 // The node answered (a node flagged silent is heard).
                 node.answered();
-                match acquire::read_known_old(&value, was) {
-                    Ok(Some(short)) => return Ok(short),
-                    Ok(None) => {
+                match acquire::read_known_old(value, was) {
+                    Ok(Ok(short)) => return Ok(short),
+                    Ok(Err(value)) => {
                         // The marker changed: the script reads its age.
                         take_back = acquire::set_took(&request, &value);
                         node.known.forget();

@@ -83,50 +83,56 @@ pub(crate) fn known_old(request: &Request) -> Option<Request> {
     let ([key, marker], [token, millis, _candidate]) = (&keys[..], &args[..]) else {
         return None;
     };
-    let mut pipe = redis::pipe();
-    pipe.cmd("SET")
+    // Sized ahead, as in `Set::new`: grown argument by argument, the two
+    // commands reallocated their buffers about ten times a round.
+    let mut set = Cmd::with_capacity(7, 3 + 2 + 2 + 3 + key.len() + token.len() + millis.len());
+    set.arg("SET")
         .arg(key.as_slice())
         .arg(token.as_slice())
         .arg("NX")
         .arg("PX")
         .arg(millis.as_slice())
-        .arg("GET")
-        .cmd("GET")
-        .arg(marker.as_slice())
-        .ignore_errors();
+        .arg("GET");
+    let mut get = Cmd::with_capacity(2, 3 + marker.len());
+    get.arg("GET").arg(marker.as_slice());
+    let mut pipe = redis::Pipeline::with_capacity(2);
+    pipe.add_command(set).add_command(get).ignore_errors();
     Some(Request::Pipe(Arc::new(pipe)))
 }
 
 /// Reads the reply of [`known_old`]: where the marker, read after the
-/// `SET`, still holds `known`,
-/// the `SET`'s reply in the marked scripts' short form (`{body}`: the node
-/// is as old as it was, see
-/// [`Known`](crate::protocol::generation::Known)); `Ok(None)` where the
-/// marker changed (the node lost its data, or the marker was touched): the
-/// caller asks again with the script, which reads the marker's age (its
-/// `SET` then finds our own token, which is agreement). The `SET`'s error
-/// (a key of the wrong type) is the request's error.
-pub(crate) fn read_known_old(value: &Value, known: &[u8]) -> redis::RedisResult<Option<Value>> {
-    let Value::Array(parts) = value else {
-        return Ok(None);
+/// `SET`, still holds `known`, `Ok(Ok(short))`: the `SET`'s reply in the
+/// marked scripts' short form (`{body}`: the node is as old as it was, see
+/// [`Known`](crate::protocol::generation::Known)), made in the reply's own
+/// array (no allocation on every guarded acquisition). `Ok(Err(value))`,
+/// the reply as it came, where the marker changed (the node lost its
+/// data, or the marker was touched): the caller asks again with the
+/// script, which reads the marker's age (its `SET` then finds our own
+/// token, which is agreement). The `SET`'s error (a key of the wrong type)
+/// is the request's error.
+pub(crate) fn read_known_old(
+    value: Value,
+    known: &[u8],
+) -> redis::RedisResult<Result<Value, Value>> {
+    let Value::Array(mut parts) = value else {
+        return Ok(Err(value));
     };
-    let [set, marker] = parts.as_slice() else {
-        return Ok(None);
+    let still_old = match parts.as_slice() {
+        // (`run_pipe` makes the `SET`'s error the request's error, and
+        // the script then decides; this is for a reply read some other
+        // way.)
+        [Value::ServerError(e), _] => return Err(e.clone().into()),
+        [_, Value::BulkString(held)] => held.as_slice() == known && !known.is_empty(),
+        _ => false,
     };
-    // (`run_pipe` makes the `SET`'s error the request's error, and the
-    // script then decides; this is for a reply read some other way.)
-    if let Value::ServerError(e) = set {
-        return Err(e.clone().into());
+    if !still_old {
+        return Ok(Err(Value::Array(parts)));
     }
-    match marker {
-        Value::BulkString(held) if held.as_slice() == known && !known.is_empty() => {
-            Ok(Some(Value::Array(vec![set.clone()])))
-        }
-        _ => Ok(None),
-    }
+    parts.truncate(1);
+    Ok(Ok(Value::Array(parts)))
 }
 
-/// Where the marker changed ([`read_known_old`] gave `Ok(None)`): whether
+/// Where the marker changed ([`read_known_old`] gave the reply back): whether
 /// the pipeline's `SET` took (it found the key free, or ours), so that our
 /// key is on the node should the script that follows fail. A node that
 /// answers the acquisition with an error is not released by a failed

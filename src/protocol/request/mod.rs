@@ -263,8 +263,13 @@ pub(crate) fn marked(
     args: &[&[u8]],
     how: Marked,
 ) -> Request {
-    let mut keys: Vec<Vec<u8>> = keys.iter().map(|k| k.to_vec()).collect();
-    let mut args: Vec<Vec<u8>> = args.iter().map(|a| a.to_vec()).collect();
+    // Sized for the marker and the candidate that `append` adds (grown,
+    // each vector was allocated twice on every guarded request).
+    let mut all_keys = Vec::with_capacity(keys.len() + 1);
+    all_keys.extend(keys.iter().map(|k| k.to_vec()));
+    let mut all_args = Vec::with_capacity(args.len() + 1);
+    all_args.extend(args.iter().map(|a| a.to_vec()));
+    let (mut keys, mut args) = (all_keys, all_args);
     generation.append(&mut keys, &mut args);
     Request::Script {
         script,
