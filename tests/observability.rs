@@ -4,7 +4,8 @@
 
 use std::time::Duration;
 
-use redlock_harness::{Cluster, RedisServer, resource};
+use redlock_harness::proxy::{Fault, Proxy};
+use redlock_harness::{Cluster, RedisServer, resource, warm};
 use redlock_quorum::{Error, HealthWarning, Redlock};
 
 const TTL: Duration = Duration::from_secs(10);
@@ -133,6 +134,51 @@ async fn health_reports_persistence_roles_and_down_nodes() {
     let text = text.join("\n");
     assert!(text.contains(&format!("{} is a replica", r.node)), "{text}");
     assert!(text.contains("even number"), "{text}");
+}
+
+/// A node that fails every request, but only after the others reached a
+/// quorum, still shows in `node_failures`: its errors come back to the
+/// round's leftover, which counts them (it counted nothing before).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_failing_after_the_quorum_is_counted() {
+    const ROUNDS: u64 = 5;
+    let mut cluster = Cluster::start(5);
+    let proxy = Proxy::to_port(cluster.node(4).port()).await;
+    let mut urls = cluster.urls()[..4].to_vec();
+    urls.push(proxy.url());
+    let redlock = Redlock::builder(urls.iter().map(String::as_str))
+        .node_timeout(Duration::from_secs(5))
+        .retry_count(0)
+        .build()
+        .unwrap();
+    warm(&redlock).await;
+    let before = redlock.stats().node_failures[4].1;
+    // Slower than the other four, and each lock key there of the wrong
+    // type: node 4 answers every acquisition with an error, always after
+    // the quorum.
+    proxy.set(Fault::Latency(Duration::from_millis(100)));
+    let mut slow = cluster.node(4).conn();
+    for round in 0..ROUNDS {
+        let res = resource(&format!("failing-late-{round}"));
+        let _: () = redis::cmd("RPUSH")
+            .arg(&res)
+            .arg("not a lock")
+            .query(&mut slow)
+            .unwrap();
+        // Not released: the release would count node 4 on its own.
+        let _held = redlock.try_lock(&res, TTL).await.expect("four nodes agree");
+    }
+    let counted = || redlock.stats().node_failures[4].1 - before;
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while counted() < ROUNDS && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(counted(), ROUNDS, "{:?}", redlock.stats());
+    let others: u64 = redlock.stats().node_failures[..4]
+        .iter()
+        .map(|(_, n)| n)
+        .sum();
+    assert_eq!(others, 0, "{:?}", redlock.stats());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

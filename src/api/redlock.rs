@@ -137,6 +137,11 @@ impl Redlock {
     /// it does not wait for another holder. It does settle a split vote (see
     /// [`lock`](Redlock::lock)): among contenders that start together,
     /// exactly one gets the lock and the others get [`Error::Conflict`].
+    /// Where too few nodes answered to tell (nodes down or slow), it also
+    /// tries a few more rounds, with random pauses of 5 ms doubling up to
+    /// about 300 ms in all, before it returns the error: with nodes down,
+    /// a failed `try_lock` takes tens to a few hundred milliseconds, not a
+    /// round trip.
     ///
     /// # Errors
     /// As [`lock`](Redlock::lock), without the retries.

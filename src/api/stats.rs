@@ -29,7 +29,8 @@ pub struct Stats {
     pub pending_releases: usize,
     /// Per node (by address, in the order given): how often it did not
     /// agree for a reason other than a refusal (a timeout, an error, a
-    /// connection that failed).
+    /// connection that failed), whether its answer came before the call
+    /// returned or after (a node slower than the quorum counts too).
     pub node_failures: Vec<(String, u64)>,
     /// The median acquire latency of granted calls (an upper bound, within
     /// 19 %), if any.

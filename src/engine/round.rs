@@ -212,7 +212,7 @@ where
         }
         let answer = outcome.and_then(|value| read(&value).map_err(NodeError::UnexpectedReply));
         if let Err(_cause) = &answer {
-            inner.stats.node_failed(index, nodes[index].label());
+            inner.stats.node_failed(index);
             #[cfg(feature = "tracing")]
             trace::debug!(node = nodes[index].label(), cause = %_cause, "node did not agree");
         }
@@ -223,19 +223,26 @@ where
     }
     // The silent nodes not heard from: not waited for.
     for index in unheard {
-        inner.stats.node_failed(index, nodes[index].label());
+        inner.stats.node_failed(index);
         tally.record(index, nodes[index].label(), Err(NodeError::Silent));
     }
     if (tally.quorum_at.is_some() || until == Until::AllAnswering) && !pending.is_empty() {
         let settled_rest = settled.clone();
+        // A node that fails every request but is never among the first to
+        // answer still counts in `node_failures`: the leftover counts its
+        // errors (its replies are not read: the round's reader borrows).
+        let stats = inner.stats.clone();
         // Each is bounded by the timeouts, so whoever finishes them (a
         // task of their own, or the finisher) is done with them soon.
         inner.finishers.finish(async move {
             let mut timer = timer;
-            while next(&mut pending, timer.as_mut(), &settled_rest, 0)
-                .await
-                .is_some()
-            {}
+            while let Some((index, outcome)) =
+                next(&mut pending, timer.as_mut(), &settled_rest, 0).await
+            {
+                if outcome.is_err() {
+                    stats.node_failed(index);
+                }
+            }
         });
     }
     // A round that heard every node leaves nothing in flight.
