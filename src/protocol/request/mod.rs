@@ -265,11 +265,12 @@ pub(crate) fn marked(
 ) -> Request {
     // Sized for the marker and the candidate that `append` adds (grown,
     // each vector was allocated twice on every guarded request).
-    let mut all_keys = Vec::with_capacity(keys.len() + 1);
-    all_keys.extend(keys.iter().map(|k| k.to_vec()));
-    let mut all_args = Vec::with_capacity(args.len() + 1);
-    all_args.extend(args.iter().map(|a| a.to_vec()));
-    let (mut keys, mut args) = (all_keys, all_args);
+    let owned = |items: &[&[u8]]| {
+        let mut all = Vec::with_capacity(items.len() + 1);
+        all.extend(items.iter().map(|i| i.to_vec()));
+        all
+    };
+    let (mut keys, mut args) = (owned(keys), owned(args));
     generation.append(&mut keys, &mut args);
     Request::Script {
         script,
