@@ -393,10 +393,7 @@ impl RedlockBuilder {
         let renewals = tokio::sync::Semaphore::new(config.renew_concurrency);
         let attempts = tokio::sync::Semaphore::new(crate::engine::ATTEMPTS_IN_FLIGHT);
         let retries = Retries::new(nodes.len());
-        let stats = Arc::new(crate::engine::counters::Counters::new(
-            nodes.iter().map(|n| n.label().to_owned()).collect(),
-            config.stats,
-        ));
+        let stats = crate::engine::counters::Counters::new(config.stats);
         let waits = crate::engine::wait::registry::Waits::new(nodes.clone(), LEASE);
         Ok(Redlock {
             inner: Arc::new(Inner {

@@ -56,8 +56,7 @@ impl Stats {
             node_failures: inner
                 .nodes
                 .iter()
-                .zip(c.node_failures.iter())
-                .map(|(n, f)| (n.label().to_owned(), load(f)))
+                .map(|n| (n.label().to_owned(), load(&n.failures)))
                 .collect(),
             acquire_p50: c.quantile(0.5),
             acquire_p99: c.quantile(0.99),

@@ -30,6 +30,11 @@ use crate::protocol::request::{Marked, Request, acquire};
 /// on a fresh one. `mark`, when given, records where the request went, for
 /// the requests that come after it; the request's future owns it, so that
 /// the request counts as settled when the future completes or is dropped.
+///
+/// A round's request (one with a `mark`) that fails counts in its node's
+/// failures ([`Node::failed`]), whether its round still listened or left
+/// it to finish in the background: the count needs nothing of the
+/// manager's.
 pub(crate) async fn call(
     node: Arc<Node>,
     index: usize,
@@ -40,6 +45,13 @@ pub(crate) async fn call(
     known_old: Option<Request>,
 ) -> Result<Value, NodeError> {
     let mark = mark.as_ref();
+    // A failure, counted where this is a round's request.
+    let failed = |error: NodeError| {
+        if mark.is_some() {
+            node.failed();
+        }
+        error
+    };
     // Whether earlier requests to the node may still run: this one then
     // goes after them (queued behind them, or once they settled).
     let mut behind = !after.settled_now(index);
@@ -86,10 +98,10 @@ pub(crate) async fn call(
         // connection to make, nothing to wait for).
         let mut on_deadline = sends == 0 && mark.is_some();
         let mut conn = match node.connection_now() {
-            Some(conn) => conn?,
+            Some(conn) => conn.map_err(failed)?,
             None => {
                 on_deadline = false;
-                node.connection().await?
+                node.connection().await.map_err(failed)?
             }
         };
         if std::mem::take(&mut behind) {
@@ -98,7 +110,7 @@ pub(crate) async fn call(
                 _ => {
                     on_deadline = false;
                     Box::pin(after.settled(index)).await;
-                    conn = node.connection().await?;
+                    conn = node.connection().await.map_err(failed)?;
                 }
             }
         }
@@ -159,7 +171,7 @@ pub(crate) async fn call(
         match outcome {
             None => {
                 node.timed_out(&conn);
-                return Err(NodeError::Timeout);
+                return Err(failed(NodeError::Timeout));
             }
             Some(Ok(value)) if checked.is_some() => {
                 let was = known.as_deref().unwrap_or_default();
@@ -175,7 +187,7 @@ pub(crate) async fn call(
                         checked = None;
                         continue;
                     }
-                    Err(e) => return Err(NodeError::from_redis(e)),
+                    Err(e) => return Err(failed(NodeError::from_redis(e))),
                 }
             }
             Some(Ok(value)) => {
@@ -236,11 +248,11 @@ pub(crate) async fn call(
                         // out of every call's future.
                         Box::pin(take_back_key(&node, &back, timeout, &mut conn.conn)).await;
                     }
-                    return Err(shard_of_a_cluster(&node, error));
+                    return Err(failed(shard_of_a_cluster(&node, error)));
                 }
                 node.broken(&conn);
                 if retried {
-                    return Err(error);
+                    return Err(failed(error));
                 }
                 retried = true;
             }

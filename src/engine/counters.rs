@@ -66,10 +66,6 @@ pub(crate) struct Counters {
     shards: Box<[Shard]>,
     pub(crate) renewals: AtomicU64,
     pub(crate) losses: AtomicU64,
-    pub(crate) node_failures: Box<[AtomicU64]>,
-    /// The nodes' labels, for the metrics' `node` label (a round's
-    /// leftover counts its failures without the nodes at hand).
-    _labels: Box<[String]>,
 }
 
 /// What an acquisition call ended with.
@@ -82,10 +78,8 @@ pub(crate) enum Ended {
 }
 
 impl Counters {
-    pub(crate) fn new(labels: Vec<String>, enabled: bool) -> Self {
-        let nodes = labels.len();
+    pub(crate) fn new(enabled: bool) -> Self {
         Counters {
-            _labels: labels.into(),
             enabled,
             // No shards when nothing is counted.
             shards: (0..if enabled { SHARDS } else { 0 })
@@ -93,7 +87,6 @@ impl Counters {
                 .collect(),
             renewals: AtomicU64::new(0),
             losses: AtomicU64::new(0),
-            node_failures: (0..nodes).map(|_| AtomicU64::new(0)).collect(),
         }
     }
 
@@ -149,17 +142,6 @@ impl Counters {
             };
             metrics::counter!("redlock_acquisitions_total", "outcome" => outcome).increment(1);
         }
-    }
-
-    /// Node `index` did not agree in a round (for any reason but a refusal),
-    /// whether it answered before the round was decided or after.
-    pub(crate) fn node_failed(&self, index: usize) {
-        if self.enabled {
-            self.node_failures[index].fetch_add(1, Ordering::Relaxed);
-        }
-        #[cfg(feature = "metrics")]
-        metrics::counter!("redlock_node_failures_total", "node" => self._labels[index].clone())
-            .increment(1);
     }
 
     /// A guard renewed its lock.
@@ -233,7 +215,7 @@ mod tests {
 
     #[test]
     fn counts_from_many_threads_add_up_across_the_shards() {
-        let c = Counters::new(vec!["a".into(), "b".into()], true);
+        let c = Counters::new(true);
         // More threads than shards: some share one.
         std::thread::scope(|s| {
             for t in 0..(SHARDS as u64 + 4) {
@@ -254,7 +236,7 @@ mod tests {
         let p50 = c.quantile(0.5).unwrap();
         assert!(p50 >= Duration::from_micros(100) && p50 < Duration::from_micros(140));
         // Counting off: nothing counted, nothing kept.
-        let off = Counters::new(vec!["a".into(), "b".into()], false);
+        let off = Counters::new(false);
         off.attempt();
         off.ended(Ended::Granted(Duration::from_micros(100)));
         assert_eq!(off.total(|s| &s.attempts), 0);
@@ -263,7 +245,7 @@ mod tests {
 
     #[test]
     fn quantiles_follow_the_counts() {
-        let c = Counters::new(vec!["a".into()], true);
+        let c = Counters::new(true);
         assert_eq!(c.quantile(0.5), None);
         for _ in 0..98 {
             c.ended(Ended::Granted(Duration::from_micros(100)));

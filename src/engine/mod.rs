@@ -93,7 +93,7 @@ pub(crate) struct Inner {
     /// Set once every node was tried once; see [`Inner::warm_up`].
     pub(crate) warmed: tokio::sync::OnceCell<()>,
     /// What the manager did; see [`Redlock::stats`](crate::Redlock::stats).
-    pub(crate) stats: Arc<Counters>,
+    pub(crate) stats: Counters,
     /// The generation markers and the restart guard.
     pub(crate) generation: Generation,
     /// The waiters and the release subscriptions; see [`wait`].

@@ -103,6 +103,11 @@ pub(crate) struct Node {
     /// How old a marker must be to be known as old: the restart guard's
     /// `max_ttl`, or any age without the guard.
     pub(crate) old_after: Duration,
+    /// How often the node did not agree in a round for a reason other than
+    /// a refusal ([`Node::failed`]); counted only where the manager counts
+    /// (`RedlockBuilder::stats`).
+    pub(crate) failures: std::sync::atomic::AtomicU64,
+    counts: bool,
 }
 
 #[derive(Default)]
@@ -213,6 +218,8 @@ impl Node {
             timeouts: std::sync::atomic::AtomicU32::new(0),
             silence: Silence::default(),
             remade: std::sync::atomic::AtomicU32::new(0),
+            failures: std::sync::atomic::AtomicU64::new(0),
+            counts: config.stats,
             old_after: config.restart_guard.unwrap_or(Duration::ZERO),
         })
     }
@@ -517,6 +524,20 @@ impl Node {
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             self.broken(conn);
         }
+    }
+
+    /// Counts a round's request that failed here (a timeout, an error, a
+    /// connection that failed, a reply that made no sense), whether it
+    /// answered before its round was decided or after. Each request
+    /// counts on its own node, so a round's leftover counts its failures
+    /// without holding anything of the manager's.
+    pub(crate) fn failed(&self) {
+        if self.counts {
+            self.failures
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        #[cfg(feature = "metrics")]
+        metrics::counter!("redlock_node_failures_total", "node" => self.label.clone()).increment(1);
     }
 
     /// Reports an answer: the run of timeouts ends.

@@ -210,9 +210,15 @@ where
         if let Some(at) = unheard.iter().position(|&silent| silent == index) {
             unheard.swap_remove(at);
         }
-        let answer = outcome.and_then(|value| read(&value).map_err(NodeError::UnexpectedReply));
+        // A failed request counted itself ([`call`]); a reply that makes
+        // no sense is counted here.
+        let answer = outcome.and_then(|value| {
+            read(&value).map_err(|e| {
+                nodes[index].failed();
+                NodeError::UnexpectedReply(e)
+            })
+        });
         if let Err(_cause) = &answer {
-            inner.stats.node_failed(index);
             #[cfg(feature = "tracing")]
             trace::debug!(node = nodes[index].label(), cause = %_cause, "node did not agree");
         }
@@ -223,26 +229,23 @@ where
     }
     // The silent nodes not heard from: not waited for.
     for index in unheard {
-        inner.stats.node_failed(index);
+        nodes[index].failed();
         tally.record(index, nodes[index].label(), Err(NodeError::Silent));
     }
     if (tally.quorum_at.is_some() || until == Until::AllAnswering) && !pending.is_empty() {
         let settled_rest = settled.clone();
-        // A node that fails every request but is never among the first to
-        // answer still counts in `node_failures`: the leftover counts its
-        // errors (its replies are not read: the round's reader borrows).
-        let stats = inner.stats.clone();
         // Each is bounded by the timeouts, so whoever finishes them (a
-        // task of their own, or the finisher) is done with them soon.
+        // task of their own, or the finisher) is done with them soon. A
+        // node that fails every request but is never among the first to
+        // answer still counts in `node_failures`: each request counts its
+        // own failure ([`call`]; the replies left here are not read, the
+        // round's reader borrows).
         inner.finishers.finish(async move {
             let mut timer = timer;
-            while let Some((index, outcome)) =
-                next(&mut pending, timer.as_mut(), &settled_rest, 0).await
-            {
-                if outcome.is_err() {
-                    stats.node_failed(index);
-                }
-            }
+            while next(&mut pending, timer.as_mut(), &settled_rest, 0)
+                .await
+                .is_some()
+            {}
         });
     }
     // A round that heard every node leaves nothing in flight.
