@@ -111,6 +111,7 @@ fn main() {
         contend::child(&args[i + 1..]);
         return;
     }
+    heap::self_check();
     let quick = args.iter().any(|a| a == "--quick");
     // A run from a task leaves the docs alone: their tables are of runs
     // from `block_on`, comparable with each other.

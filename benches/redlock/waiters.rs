@@ -10,7 +10,7 @@ use redlock_quorum::Redlock;
 use serde_json::json;
 
 use crate::TTL;
-use crate::heap::{live_bytes, peak_bytes, reset_peak};
+use crate::heap::{live_bytes, peak_bytes, reset_peak, stop_peak};
 use crate::report::Report;
 use crate::scenarios::Env;
 use crate::subjects::token;
@@ -179,6 +179,7 @@ pub(crate) async fn scenario_waiter_memory(env: &Env, report: &mut Report) {
     }
     tokio::time::sleep(Duration::from_secs(1)).await;
     let left = Figures::now();
+    stop_peak();
     let gate = Arc::new(tokio::sync::Semaphore::new(WAITERS));
     let before_keys = live_bytes();
     tasks.extend((0..KEYS).map(|w| spawn(w, gate.clone())));
