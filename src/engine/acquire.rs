@@ -217,14 +217,15 @@ impl Inner {
         learn: Option<&Pttls>,
     ) -> Result<Lock, (Error, Outcome)> {
         let inner = self;
-        let keys: Vec<String> = resources.iter().map(|r| self.key(r)).collect();
-        let token = new_token().map_err(|e| (e, Outcome::Errors))?;
+        let mut keys: Vec<String> = resources.iter().map(|r| self.key(r)).collect();
+        let mut token = new_token().map_err(|e| (e, Outcome::Errors))?;
         // Cancellation safety: until the attempt has either been granted or
         // released, this guard releases it from a spawned task if the future
         // is dropped.
+        let key_expiry = ttl.key_expiry(Instant::now());
         let mut cleanup = Cleanup {
-            inner: Some((inner.clone(), keys.clone(), token.clone())),
-            key_expiry: ttl.key_expiry(Instant::now()),
+            armed: Some((inner, &keys, &token)),
+            key_expiry,
         };
         inner.warm_up().await;
         if let Err(e) = self.configured() {
@@ -270,23 +271,31 @@ impl Inner {
         .await;
         self.note(&tally);
         let outcome = tally.outcome();
+        // No await from here to the failure's release, where the guard is
+        // armed again: the grant takes the keys and the token, not copies.
+        cleanup.disarm();
+        drop(cleanup);
+        drop(read_set);
         let held = || {
             resources
                 .iter()
-                .zip(&keys)
+                .zip(std::mem::take(&mut keys))
                 .map(|(resource, key)| Held {
                     resource: (*resource).to_owned(),
-                    key: key.clone(),
+                    key,
                 })
                 .collect()
         };
-        match self.grant(held, &token, ttl, start, tally) {
+        match self.grant(held, || std::mem::take(&mut token), ttl, start, tally) {
             Ok(mut lock) => {
-                cleanup.disarm();
                 lock.in_flight = in_flight;
                 Ok(lock)
             }
             Err(failed) => {
+                let mut cleanup = Cleanup {
+                    armed: Some((inner, &keys, &token)),
+                    key_expiry,
+                };
                 // Release where our key may be: the nodes that agreed, and
                 // those that did not answer (a late SET may still land; each
                 // node's release waits for that node's SET). A node that
@@ -317,11 +326,12 @@ impl Inner {
     }
 
     /// Turns a round into a lock when a quorum agreed with validity left.
-    /// `held` makes the lock's resources and keys, called only for a grant.
+    /// `held` makes the lock's resources and keys, and `token` its token,
+    /// called only for a grant (an acquisition moves its own in).
     pub(crate) fn grant(
         self: &Arc<Self>,
         held: impl FnOnce() -> Arc<[Held]>,
-        token: &str,
+        token: impl FnOnce() -> String,
         ttl: Ttl,
         start: Instant,
         tally: Tally,
@@ -346,7 +356,7 @@ impl Inner {
         }
         Ok(Lock {
             held: held(),
-            token: token.to_owned(),
+            token: token(),
             started_at: start,
             expires_at: ttl.expires_at(start),
             key_expiry: ttl.key_expiry(start),

@@ -66,7 +66,13 @@ impl Inner {
             healed.sort_unstable();
             healed.dedup();
         }
-        let granted = self.grant(|| lock.held.clone(), &lock.token, ttl, start, tally);
+        let granted = self.grant(
+            || lock.held.clone(),
+            || lock.token.clone(),
+            ttl,
+            start,
+            tally,
+        );
         // The re-check at the grant: a round that ends after the lock's
         // validity ran out must not bring the lock back. Between its
         // `expires_at` and now another client may have taken the resource,

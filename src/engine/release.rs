@@ -275,24 +275,28 @@ async fn drain(mut worker: Worker) {
 }
 
 /// Releases an attempt from a spawned task when the attempt's future is
-/// dropped before it was granted or released.
-pub(crate) struct Cleanup {
-    /// The manager, the attempt's keys and its token.
-    pub(crate) inner: Option<(Arc<Inner>, Vec<String>, String)>,
+/// dropped before it was granted or released. It borrows what it needs
+/// from the attempt and copies it only then: an attempt that ends (nearly
+/// all) pays no copy of its keys and token, and no reference count on the
+/// manager, which every worker thread shares.
+pub(crate) struct Cleanup<'a> {
+    /// The manager, the attempt's keys and its token, while armed.
+    pub(crate) armed: Option<(&'a Arc<Inner>, &'a [String], &'a str)>,
     pub(crate) key_expiry: Instant,
 }
 
-impl Cleanup {
+impl Cleanup<'_> {
     pub(crate) fn disarm(&mut self) {
-        self.inner = None;
+        self.armed = None;
     }
 }
 
-impl Drop for Cleanup {
+impl Drop for Cleanup<'_> {
     fn drop(&mut self) {
-        let Some((inner, keys, token)) = self.inner.take() else {
+        let Some((inner, keys, token)) = self.armed.take() else {
             return;
         };
+        let (inner, keys, token) = (inner.clone(), keys.to_vec(), token.to_owned());
         // Drop must not block: hand the release to the runtime. Without a
         // runtime (the future was polled on one that is gone) the keys expire
         // with their ttl. Requests of the dropped round that were already
