@@ -88,7 +88,7 @@ pub(crate) async fn release_with(
         // A node named a successor: check that it took the lock.
         crate::engine::wait::handoff::check_handoff(inner, &round.tally.agreed, keys, token);
     }
-    if Instant::now() < key_expiry {
+    if !round.tally.unanswered.is_empty() && Instant::now() < key_expiry {
         // Owed lock by lock: the retry sends the same request again.
         let owed: Arc<[String]> = keys.iter().map(|&k| k.to_owned()).collect();
         for &index in &round.tally.unanswered {
