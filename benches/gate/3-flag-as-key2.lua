@@ -1,0 +1,1 @@
+redis.call("set", KEYS[1], ARGV[1]) if redis.call("get", KEYS[1]) == ARGV[1] then if ARGV[2] == "quiet" then return redis.call("del", KEYS[1]) end local n = redis.pcall("del", KEYS[1], KEYS[2]) if n == 1 then return 1 end return 1 else return 0 end

@@ -1,0 +1,1 @@
+redis.call("set", KEYS[1], ARGV[1]) local v = redis.call("mget", KEYS[1], "redlock:\255waited") if v[1] == ARGV[1] then if not v[2] then return redis.call("del", KEYS[1]) end return 5 else return 0 end
