@@ -40,7 +40,8 @@ pub(crate) use sharded::{HANDOFF_CHECK_SHARD, SET_PTTL, UNLOCK_SHARD};
 /// **The gate.** The key is deleted together with its waiting flag
 /// ([`waiting_key`](crate::protocol::keys::waiting_key)), in one `DEL`: a
 /// count of 1 means no manager flagged the key, nobody may wait, and the
-/// release costs the node what the classic token-checked unlock costs. A
+/// release costs the node the classic token-checked unlock and a second
+/// key in its `DEL` (about 0.25 µs a call, `benches/gate/run.sh`). A
 /// waiting manager's link sets the flag on a node after subscribing the
 /// key's channel there and before its waiters count that node as
 /// subscribed, and renews it every [`LEASE`](crate::protocol::timing::LEASE)
