@@ -891,8 +891,16 @@ async fn a_thousand_resources_on_a_flushed_node_known_old() {
     let singles = futures::future::join_all(names.iter().map(|n| redlock.try_lock(n, ttl))).await;
     let granted: Vec<_> = singles.into_iter().filter_map(Result::ok).collect();
     assert_eq!(granted.len(), 1000);
-    for lock in &granted {
-        redlock.unlock(lock).await.unwrap();
+    // Released at once: one after the other, on a loaded machine, the last
+    // of them outlived their 2 s ttl (`NotHeld`), which is not this test's
+    // subject. A lock found gone must be one whose validity ran out.
+    let released = futures::future::join_all(granted.iter().map(|l| redlock.unlock(l))).await;
+    for (lock, released) in granted.iter().zip(released) {
+        match released {
+            Ok(_) => {}
+            Err(Error::NotHeld { .. }) if lock.expires_at() <= Instant::now() => {}
+            Err(e) => panic!("unlock: {e}"),
+        }
     }
     assert!(cluster.left_of(&names).is_empty());
     cluster.node(2).kill();
