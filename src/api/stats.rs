@@ -27,10 +27,13 @@ pub struct Stats {
     pub losses: u64,
     /// Releases owed to nodes that could not be reached, now.
     pub pending_releases: usize,
-    /// Per node (by address, in the order given): how often it did not
-    /// agree for a reason other than a refusal (a timeout, an error, a
-    /// connection that failed), whether its answer came before the call
-    /// returned or after (a node slower than the quorum counts too).
+    /// Per node (by address, in the order given): how often a request of
+    /// a round (an acquisition, a release, an extension, a verification,
+    /// a fencing step) failed there for a reason other than a refusal (a
+    /// timeout, an error, a connection that failed, a reply that made no
+    /// sense), whether it failed before the call returned or after (a node
+    /// slower than the quorum counts too). Each request counts once; the
+    /// background retries of owed releases do not count.
     pub node_failures: Vec<(String, u64)>,
     /// The median acquire latency of granted calls (an upper bound, within
     /// 19 %), if any.

@@ -227,9 +227,10 @@ where
             break;
         }
     }
-    // The silent nodes not heard from: not waited for.
+    // The silent nodes not heard from: not waited for (and not counted as
+    // failures here: each request, left to finish, counts its own if it
+    // fails).
     for index in unheard {
-        nodes[index].failed();
         tally.record(index, nodes[index].label(), Err(NodeError::Silent));
     }
     if (tally.quorum_at.is_some() || until == Until::AllAnswering) && !pending.is_empty() {
