@@ -9,8 +9,12 @@
 //! and it charged each subject by its number of allocations, which a user's
 //! allocator does not. So the live bytes are kept in shards, one per thread
 //! (in turn, as the crate's own counters are), each on cache lines of its
-//! own, and summed when read; the peak is followed only between
-//! [`reset_peak`] and [`stop_peak`].
+//! own, and summed when read. The peak is followed only between
+//! [`reset_peak`] and [`stop_peak`], with one exact counter that every
+//! allocation and free updates while it is followed: a sum of the shards
+//! read one after another can count a block's allocation on one shard and
+//! miss its free on another (a peak gigabytes too high, found by the
+//! audit of `tests/tenth_pass_audit.rs`).
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicUsize, Ordering};
@@ -34,8 +38,12 @@ static LIVE: [Shard; SHARDS] = [const { Shard(AtomicI64::new(0)) }; SHARDS];
 /// [`TRACKING`].
 static PEAK_BYTES: AtomicI64 = AtomicI64::new(0);
 
-/// Whether allocations update [`PEAK_BYTES`] (they sum the shards then).
+/// Whether allocations and frees update [`EXACT`] and [`PEAK_BYTES`].
 static TRACKING: AtomicBool = AtomicBool::new(false);
+
+/// The live bytes while [`TRACKING`]: the shards' sum when it began, then
+/// every allocation and free since, in one counter.
+static EXACT: AtomicI64 = AtomicI64::new(0);
 
 /// This thread's shard, given in turn at its first allocation. A constant
 /// initialiser without a destructor: reading it never allocates, and works
@@ -57,7 +65,8 @@ fn shard() -> &'static AtomicI64 {
 fn grew(by: i64) {
     shard().fetch_add(by, Ordering::Relaxed);
     if TRACKING.load(Ordering::Relaxed) {
-        PEAK_BYTES.fetch_max(live(), Ordering::Relaxed);
+        let now = EXACT.fetch_add(by, Ordering::Relaxed) + by;
+        PEAK_BYTES.fetch_max(now, Ordering::Relaxed);
     }
 }
 
@@ -75,6 +84,9 @@ unsafe impl std::alloc::GlobalAlloc for Counting {
     }
     unsafe fn dealloc(&self, ptr: *mut u8, layout: std::alloc::Layout) {
         shard().fetch_sub(layout.size() as i64, Ordering::Relaxed);
+        if TRACKING.load(Ordering::Relaxed) {
+            EXACT.fetch_sub(layout.size() as i64, Ordering::Relaxed);
+        }
         // SAFETY: same contract as the caller's.
         unsafe { std::alloc::System.dealloc(ptr, layout) }
     }
@@ -100,7 +112,9 @@ pub(crate) fn peak_bytes() -> f64 {
 /// Starts a new peak from the live heap now, and follows it until
 /// [`stop_peak`].
 pub(crate) fn reset_peak() {
-    PEAK_BYTES.store(live(), Ordering::Relaxed);
+    let now = live();
+    EXACT.store(now, Ordering::Relaxed);
+    PEAK_BYTES.store(now, Ordering::Relaxed);
     TRACKING.store(true, Ordering::Relaxed);
 }
 
