@@ -103,9 +103,7 @@ pub(crate) struct Node {
     /// How old a marker must be to be known as old: the restart guard's
     /// `max_ttl`, or any age without the guard.
     pub(crate) old_after: Duration,
-    /// How often the node did not agree in a round for a reason other than
-    /// a refusal ([`Node::failed`]); counted only where the manager counts
-    /// (`RedlockBuilder::stats`).
+    /// Its requests that failed ([`Node::failed`]), where the manager counts.
     pub(crate) failures: std::sync::atomic::AtomicU64,
     counts: bool,
 }
@@ -526,11 +524,7 @@ impl Node {
         }
     }
 
-    /// Counts a round's request that failed here (a timeout, an error, a
-    /// connection that failed, a reply that made no sense), whether it
-    /// answered before its round was decided or after. Each request
-    /// counts on its own node, so a round's leftover counts its failures
-    /// without holding anything of the manager's.
+    /// Counts a round's request that failed here (`Stats::node_failures`).
     pub(crate) fn failed(&self) {
         if self.counts {
             self.failures
