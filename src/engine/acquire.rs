@@ -223,10 +223,7 @@ impl Inner {
         // released, this guard releases it from a spawned task if the future
         // is dropped.
         let key_expiry = ttl.key_expiry(Instant::now());
-        let mut cleanup = Cleanup {
-            armed: Some((inner, &keys, &token)),
-            key_expiry,
-        };
+        let mut cleanup = Cleanup::new(inner, &keys, &token, key_expiry);
         inner.warm_up().await;
         if let Err(e) = self.configured() {
             cleanup.disarm();
@@ -292,10 +289,7 @@ impl Inner {
                 Ok(lock)
             }
             Err(failed) => {
-                let mut cleanup = Cleanup {
-                    armed: Some((inner, &keys, &token)),
-                    key_expiry,
-                };
+                let mut cleanup = Cleanup::new(inner, &keys, &token, key_expiry);
                 // Release where our key may be: the nodes that agreed, and
                 // those that did not answer (a late SET may still land; each
                 // node's release waits for that node's SET). A node that

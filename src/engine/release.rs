@@ -285,7 +285,20 @@ pub(crate) struct Cleanup<'a> {
     pub(crate) key_expiry: Instant,
 }
 
-impl Cleanup<'_> {
+impl<'a> Cleanup<'a> {
+    /// Armed for the attempt of `keys` and `token` on `inner`'s nodes.
+    pub(crate) fn new(
+        inner: &'a Arc<Inner>,
+        keys: &'a [String],
+        token: &'a str,
+        key_expiry: Instant,
+    ) -> Self {
+        Cleanup {
+            armed: Some((inner, keys, token)),
+            key_expiry,
+        }
+    }
+
     pub(crate) fn disarm(&mut self) {
         self.armed = None;
     }
