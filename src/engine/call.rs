@@ -31,6 +31,10 @@ use crate::protocol::request::{Marked, Request, acquire};
 /// the requests that come after it; the request's future owns it, so that
 /// the request counts as settled when the future completes or is dropped.
 ///
+/// `known_old` and `evalsha` are what the round made once for all its
+/// nodes: the guarded acquisition's pipeline for nodes known to be old,
+/// and the `EVALSHA` of a script without a marker ([`prebuilt`](crate::engine::send::prebuilt)).
+///
 /// A round's request (one with a `mark`) that fails counts in its node's
 /// failures ([`Node::failed`]), whether its round still listened or left
 /// it to finish in the background: the count needs nothing of the
@@ -43,6 +47,7 @@ pub(crate) async fn call(
     after: InFlight,
     mark: Option<Mark>,
     known_old: Option<Request>,
+    evalsha: Option<Arc<Cmd>>,
 ) -> Result<Value, NodeError> {
     let mark = mark.as_ref();
     // A failure, counted where this is a round's request.
@@ -59,6 +64,8 @@ pub(crate) async fn call(
     let mut sends = 0u32;
     let mut retried = false;
     let mut request = request;
+    // The round's `EVALSHA`, while `request` is the round's script.
+    let mut evalsha = evalsha;
     let mut compat = false;
     if node.old_set()
         && let Some(instead) = request.compat()
@@ -127,10 +134,15 @@ pub(crate) async fn call(
             // in the connection's queue.
             // Boxed (about 400 bytes): inline, it made each node's future
             // too large for the allocator's per-thread cache.
+            let prebuilt = match checked {
+                None => evalsha.as_deref(),
+                Some(_) => None,
+            };
             let sent = Box::pin(tokio::task::unconstrained(run(
                 sending,
                 known.as_deref(),
                 &mut conn.conn,
+                prebuilt,
             )));
             let sent = match mark {
                 // The round's one timer bounds it (a timer per request was
@@ -235,6 +247,7 @@ pub(crate) async fn call(
                     // The node refuses scripts: release with its own
                     // conditional delete instead, once.
                     request = Request::Cmd(Arc::new(native));
+                    evalsha = None;
                     continue;
                 }
                 if !matches!(error, NodeError::Unreachable(_)) {
@@ -269,7 +282,7 @@ pub(crate) async fn call(
 async fn take_back_key(node: &Node, back: &Request, timeout: Duration, conn: &mut NodeConn) {
     let native = unlock::native_instead(node.native_release(), back);
     let _ = tokio::time::timeout(timeout, async {
-        if run(back, None, conn).await.is_err()
+        if run(back, None, conn, None).await.is_err()
             && let Some(native) = native
         {
             let _ = native.query_async::<Value>(conn).await;

@@ -82,7 +82,7 @@ async fn mark_node(node: Arc<Node>, marker: Vec<u8>, candidate: String) {
                     kind: Kind::Other,
                     marked: Marked::No,
                 };
-                async move { send::run(&request, None, &mut conn).await.is_ok() }
+                async move { send::run(&request, None, &mut conn, None).await.is_ok() }
             })
             .buffer_unordered(MARKERS_AT_ONCE)
             .collect()

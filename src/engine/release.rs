@@ -246,6 +246,7 @@ async fn drain(mut worker: Worker) {
                 InFlight::default(),
                 None,
                 None,
+                None,
             )
         }))
         .await;

@@ -34,6 +34,7 @@ pub(crate) use crate::engine::call::call;
 use crate::engine::fanout::Fanout;
 pub(crate) use crate::engine::inflight::InFlight;
 use crate::engine::inflight::{Mark, Settled};
+use crate::engine::send;
 use crate::protocol::error::NodeError;
 use crate::protocol::quorum::{Ask, Reply};
 pub(crate) use crate::protocol::request::Request;
@@ -135,6 +136,12 @@ where
     // for the round (it was a twelfth of a guarded cycle's client time
     // made per node).
     let known_old = acquire::known_old(&request);
+    // A script's `EVALSHA`, made once for every node (not for a round of
+    // cluster nodes, which build their own per slot).
+    let evalsha = match nodes.iter().all(|node| node.is_cluster()) {
+        true => None,
+        false => send::prebuilt(&request),
+    };
     let settled = Arc::new(Settled::new(nodes.len(), |index| {
         only.is_none_or(|only| only.contains(&index))
     }));
@@ -145,7 +152,7 @@ where
             .filter(|(index, _)| only.is_none_or(|only| only.contains(index)))
             .map(|(index, node)| {
                 let (node, request, after) = (node.clone(), request.clone(), after.clone());
-                let known_old = known_old.clone();
+                let (known_old, evalsha) = (known_old.clone(), evalsha.clone());
                 let mark = Mark {
                     settled: settled.clone(),
                     index,
@@ -165,6 +172,7 @@ where
                         after,
                         Some(mark),
                         known_old,
+                        evalsha,
                     )
                     .map(move |outcome| (index, outcome)),
                 )
@@ -273,8 +281,17 @@ mod tests {
         }
         let boxed = size(|| {
             let index = 0;
-            crate::engine::call::call(todo!(), index, todo!(), todo!(), todo!(), todo!(), todo!())
-                .map(move |outcome| (index, outcome))
+            crate::engine::call::call(
+                todo!(),
+                index,
+                todo!(),
+                todo!(),
+                todo!(),
+                todo!(),
+                todo!(),
+                todo!(),
+            )
+            .map(move |outcome| (index, outcome))
         });
         assert!(boxed <= 1032, "a node's request future is {boxed} bytes");
     }

@@ -32,16 +32,44 @@ use crate::protocol::scripts::Script;
 ///
 /// A standalone node's request is [`run_local`] as it is; a cluster node's
 /// goes boxed, so that its larger state stays out of every request's future.
+///
+/// `evalsha`, when given, is `request`'s `EVALSHA` as [`prebuilt`] made it
+/// once for a round's nodes; a cluster node builds its own.
 pub(crate) fn run<'a>(
     request: &'a Request,
     known: Option<&'a [u8]>,
     conn: &'a mut NodeConn,
+    evalsha: Option<&'a redis::Cmd>,
 ) -> Either<BoxedRun<'a>, impl Future<Output = Result<Value, NodeError>> + Send + 'a> {
     #[cfg(feature = "cluster")]
     if conn.is_cluster() {
         return Either::Left(Box::pin(run_cluster(request, known, conn)));
     }
-    Either::Right(run_local(request, known, conn))
+    Either::Right(run_local(request, known, conn, evalsha))
+}
+
+/// The `EVALSHA` of a script request that carries no marker, made once
+/// for every node of a round: it is the same for each (a marked script
+/// names each node's known generation, and is built per node). Building it
+/// per node was two allocations and a copy of every key and argument per
+/// request, five times a release.
+pub(crate) fn prebuilt(request: &Request) -> Option<std::sync::Arc<redis::Cmd>> {
+    match request {
+        Request::Script {
+            script,
+            keys,
+            args,
+            marked: Marked::No,
+            ..
+        } => Some(std::sync::Arc::new(evalsha(
+            script,
+            keys,
+            args,
+            Marked::No,
+            None,
+        ))),
+        _ => None,
+    }
 }
 
 /// A request's future, boxed.
@@ -60,18 +88,18 @@ async fn run_cluster(
         return Box::pin(run_split(split, known, conn)).await;
     }
     if let Some(local) = shard::localize(request) {
-        let sent = Box::pin(run_local(&local, known, conn)).await;
+        let sent = Box::pin(run_local(&local, known, conn, None)).await;
         // The waiting acquisition goes as a script; a user denied
         // scripts sends it as before (a pipeline: no `ASK` during a
         // migration, one round trip more).
         if let (Request::Set(_), Err(NodeError::Reply(e))) = (request, &sent)
             && e.code() == Some("NOPERM")
         {
-            return run_local(request, known, conn).await;
+            return run_local(request, known, conn, None).await;
         }
         return sent;
     }
-    run_local(request, known, conn).await
+    run_local(request, known, conn, None).await
 }
 
 /// A cluster node's share of a request over keys in several hash slots
@@ -101,7 +129,7 @@ pub(crate) async fn run_split(
     } = split;
     let answers = join_all(parts.iter().map(|part| {
         let mut conn = conn.clone();
-        async move { Box::pin(run(part, known, &mut conn)).await }
+        async move { Box::pin(run(part, known, &mut conn, None)).await }
     }))
     .await;
     let complete = answers
@@ -115,7 +143,7 @@ pub(crate) async fn run_split(
             .filter_map(|(part, _)| shard::release(part, &token));
         let _ = join_all(releases.map(|release| {
             let mut conn = conn.clone();
-            async move { Box::pin(run(&release, None, &mut conn)).await }
+            async move { Box::pin(run(&release, None, &mut conn, None)).await }
         }))
         .await;
     }
@@ -131,6 +159,7 @@ async fn run_local(
     request: &Request,
     known: Option<&[u8]>,
     conn: &mut NodeConn,
+    evalsha: Option<&redis::Cmd>,
 ) -> Result<Value, NodeError> {
     match request {
         // Boxed: durability is a choice of few, its state stays out of
@@ -138,7 +167,7 @@ async fn run_local(
         Request::Durable { write, durability } => {
             Box::pin(run_durable(write, *durability, known, conn)).await
         }
-        other => run_plain(other, known, conn)
+        other => run_plain(other, known, conn, evalsha)
             .await
             .map_err(NodeError::from_redis),
     }
@@ -158,9 +187,10 @@ async fn run_plain(
     request: &Request,
     known: Option<&[u8]>,
     conn: &mut NodeConn,
+    prebuilt: Option<&redis::Cmd>,
 ) -> RedisResult<Value> {
     match request {
-        Request::Durable { write, .. } => Box::pin(run_plain(write, known, conn)).await,
+        Request::Durable { write, .. } => Box::pin(run_plain(write, known, conn, None)).await,
         Request::Cmd(cmd) => cmd.query_async(conn).await,
         Request::Pipe(pipe) => run_pipe(pipe, conn).await,
         Request::Set(set) => match set.modern() {
@@ -179,7 +209,14 @@ async fn run_plain(
             // module docs): redis-rs's `ScriptInvocation` copies every key
             // and argument twice more (a twentieth of a cycle's client
             // time), and its fallback is `SCRIPT LOAD`.
-            let evalsha = evalsha(script, keys, args, *marked, known);
+            let built;
+            let evalsha = match prebuilt {
+                Some(cmd) if *marked == Marked::No => cmd,
+                _ => {
+                    built = evalsha(script, keys, args, *marked, known);
+                    &built
+                }
+            };
             match evalsha.query_async(conn).await {
                 Err(e)
                     if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
@@ -363,5 +400,49 @@ async fn run_durable(
             value if durability.confirmed(&value) => Ok(reply),
             _ => Err(NodeError::NotDurable),
         };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::request::unlock;
+
+    /// The round's one `EVALSHA` is the one each node would have built,
+    /// byte for byte, and a marked script (whose last argument is each
+    /// node's own) gets none.
+    #[test]
+    fn a_rounds_evalsha_is_what_each_node_would_send() {
+        for (keys, quiet) in [(&["k1"][..], false), (&["k1", "k2", "k3"][..], true)] {
+            let request = unlock::request(keys, "token", quiet);
+            let Request::Script {
+                script,
+                keys,
+                args,
+                marked,
+                ..
+            } = &request
+            else {
+                panic!("an unlock is a script");
+            };
+            let per_node = evalsha(script, keys, args, *marked, None);
+            let once = prebuilt(&request).expect("an unmarked script is prebuilt");
+            assert_eq!(once.get_packed_command(), per_node.get_packed_command());
+        }
+        let generation = crate::protocol::generation::Generation {
+            marker: crate::protocol::keys::marker_key(""),
+            candidate: "c".into(),
+            guard: Some(std::time::Duration::from_secs(1)),
+        };
+        let marked = crate::protocol::request::marked(
+            &generation,
+            &crate::protocol::scripts::UNLOCK,
+            &[b"k1"],
+            &[b"token"],
+            Marked::Known,
+        );
+        assert!(prebuilt(&marked).is_none(), "a marked script is per node");
+        let set = redis::cmd("SET");
+        assert!(prebuilt(&Request::Cmd(std::sync::Arc::new(set))).is_none());
     }
 }

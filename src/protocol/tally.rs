@@ -105,6 +105,12 @@ impl Tally {
                     self.read += 1;
                 }
                 self.granted += 1;
+                if self.agreed.is_empty() {
+                    // Room for every node at once: grown one push at a
+                    // time, a release that every node agreed to
+                    // allocated twice.
+                    self.agreed.reserve_exact(self.nodes);
+                }
                 self.agreed.push(index);
                 self.highest = self.highest.max(number);
                 if self.granted == self.required() {

@@ -45,6 +45,7 @@ pub(crate) fn check_handoff(inner: &Arc<Inner>, nodes: &[usize], keys: &[&str], 
                 crate::engine::round::InFlight::default(),
                 None,
                 None,
+                None,
             )
         });
         // Read only by the trace (a no-op without the `tracing` feature).
