@@ -31,9 +31,7 @@ use crate::protocol::request::{Marked, Request, acquire};
 /// the requests that come after it; the request's future owns it, so that
 /// the request counts as settled when the future completes or is dropped.
 ///
-/// `known_old` and `evalsha` are what the round made once for all its
-/// nodes: the guarded acquisition's pipeline for nodes known to be old,
-/// and the `EVALSHA` of a script without a marker ([`prebuilt`](crate::engine::send::prebuilt)).
+/// `prepared` is what the round made once for all its nodes.
 ///
 /// A round's request (one with a `mark`) that fails counts in its node's
 /// failures ([`Node::failed`]), whether its round still listened or left
@@ -46,9 +44,9 @@ pub(crate) async fn call(
     node_timeout: Duration,
     after: InFlight,
     mark: Option<Mark>,
-    known_old: Option<Request>,
-    evalsha: Option<Arc<Cmd>>,
+    prepared: Prepared,
 ) -> Result<Value, NodeError> {
+    let Prepared { known_old, evalsha } = prepared;
     let mark = mark.as_ref();
     // A failure, counted where this is a round's request.
     let failed = |error: NodeError| {
@@ -271,6 +269,17 @@ pub(crate) async fn call(
             }
         }
     }
+}
+
+/// What a round makes once for all its nodes' requests.
+#[derive(Clone, Default)]
+pub(crate) struct Prepared {
+    /// The guarded acquisition's pipeline for nodes known to be old
+    /// ([`acquire::known_old`]).
+    pub(crate) known_old: Option<Request>,
+    /// The `EVALSHA` of a script without a marker
+    /// ([`prebuilt`](crate::engine::send::prebuilt)).
+    pub(crate) evalsha: Option<Arc<Cmd>>,
 }
 
 /// Releases our key on a node where the guarded pipeline's `SET` took and

@@ -245,8 +245,7 @@ async fn drain(mut worker: Worker) {
                 node_timeout,
                 InFlight::default(),
                 None,
-                None,
-                None,
+                round::Prepared::default(),
             )
         }))
         .await;

@@ -30,7 +30,7 @@ use futures::stream::StreamExt;
 use redis::Value;
 
 use crate::engine::Inner;
-pub(crate) use crate::engine::call::call;
+pub(crate) use crate::engine::call::{Prepared, call};
 use crate::engine::fanout::Fanout;
 pub(crate) use crate::engine::inflight::InFlight;
 use crate::engine::inflight::{Mark, Settled};
@@ -135,12 +135,14 @@ where
     // A guarded acquisition's form for nodes known to be old, made once
     // for the round (it was a twelfth of a guarded cycle's client time
     // made per node).
-    let known_old = acquire::known_old(&request);
-    // A script's `EVALSHA`, made once for every node (not for a round of
-    // cluster nodes, which build their own per slot).
-    let evalsha = match nodes.iter().all(|node| node.is_cluster()) {
-        true => None,
-        false => send::prebuilt(&request),
+    let prepared = Prepared {
+        known_old: acquire::known_old(&request),
+        // A script's `EVALSHA`, made once for every node (not for a round
+        // of cluster nodes, which build their own per slot).
+        evalsha: match nodes.iter().all(|node| node.is_cluster()) {
+            true => None,
+            false => send::prebuilt(&request),
+        },
     };
     let settled = Arc::new(Settled::new(nodes.len(), |index| {
         only.is_none_or(|only| only.contains(&index))
@@ -152,7 +154,7 @@ where
             .filter(|(index, _)| only.is_none_or(|only| only.contains(index)))
             .map(|(index, node)| {
                 let (node, request, after) = (node.clone(), request.clone(), after.clone());
-                let (known_old, evalsha) = (known_old.clone(), evalsha.clone());
+                let prepared = prepared.clone();
                 let mark = Mark {
                     settled: settled.clone(),
                     index,
@@ -171,8 +173,7 @@ where
                         node_timeout,
                         after,
                         Some(mark),
-                        known_old,
-                        evalsha,
+                        prepared,
                     )
                     .map(move |outcome| (index, outcome)),
                 )
@@ -281,17 +282,8 @@ mod tests {
         }
         let boxed = size(|| {
             let index = 0;
-            crate::engine::call::call(
-                todo!(),
-                index,
-                todo!(),
-                todo!(),
-                todo!(),
-                todo!(),
-                todo!(),
-                todo!(),
-            )
-            .map(move |outcome| (index, outcome))
+            crate::engine::call::call(todo!(), index, todo!(), todo!(), todo!(), todo!(), todo!())
+                .map(move |outcome| (index, outcome))
         });
         assert!(boxed <= 1032, "a node's request future is {boxed} bytes");
     }

@@ -44,8 +44,7 @@ pub(crate) fn check_handoff(inner: &Arc<Inner>, nodes: &[usize], keys: &[&str], 
                 timeout,
                 crate::engine::round::InFlight::default(),
                 None,
-                None,
-                None,
+                crate::engine::round::Prepared::default(),
             )
         });
         // Read only by the trace (a no-op without the `tracing` feature).
