@@ -246,6 +246,13 @@ impl Inner {
                 false,
             ),
         };
+        // Only a plain `SET` of one key may leave its slower nodes' requests
+        // with the lock (see `Deferred`): once handed to a connection it
+        // reaches its node with no further step. A script may need one
+        // (`NOSCRIPT`), and so may the form a node older than Redis 7.0
+        // gets; their leftovers go on in a task at once.
+        let deferrable = matches!(request, round::Request::Set(_))
+            && !inner.nodes.iter().any(|node| node.old_set());
         let unused = Pttls::default();
         let pttls = learn.unwrap_or(&unused);
         let read_set = acquire::read(&inner.generation, &token, keys.len() > 1);
@@ -256,7 +263,7 @@ impl Inner {
                 read_set(value)
             }
         };
-        let Round { tally, in_flight } = round::round(
+        let (Round { tally, in_flight }, leftover) = round::round_keeping(
             inner,
             None,
             Ask::Acquire,
@@ -285,10 +292,23 @@ impl Inner {
         };
         match self.grant(held, || std::mem::take(&mut token), ttl, start, tally) {
             Ok(mut lock) => {
-                lock.in_flight = in_flight;
+                // The slower nodes' requests, kept with the lock: finished
+                // when it is next used (see `Deferred`).
+                lock.in_flight = match deferrable {
+                    true => in_flight.keeping(leftover, &inner.finishers),
+                    false => {
+                        if let Some(leftover) = leftover {
+                            inner.finishers.finish(leftover);
+                        }
+                        in_flight
+                    }
+                };
                 Ok(lock)
             }
             Err(failed) => {
+                if let Some(leftover) = leftover {
+                    inner.finishers.finish(leftover);
+                }
                 let mut cleanup = Cleanup::new(inner, &keys, &token, key_expiry);
                 // Release where our key may be: the nodes that agreed, and
                 // those that did not answer (a late SET may still land; each

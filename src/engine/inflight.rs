@@ -24,6 +24,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use tokio::sync::Notify;
 
+use crate::engine::deferred::Deferred;
+use crate::engine::finisher::{Finishers, Leftover};
+
 /// Which requests of one round have settled, per node. Light on purpose:
 /// a guard keeps one for its latest renewal.
 #[derive(Debug)]
@@ -105,6 +108,9 @@ impl Drop for Mark {
 #[derive(Clone, Default)]
 pub(crate) struct InFlight {
     rounds: Option<Arc<[Arc<Settled>]>>,
+    /// The granting round's leftover, kept with the lock until it is next
+    /// used or dropped ([`Deferred`]).
+    deferred: Option<Arc<Deferred>>,
 }
 
 impl InFlight {
@@ -199,6 +205,37 @@ impl InFlight {
         }
         InFlight {
             rounds: Some(Arc::from([settled])),
+            deferred: None,
+        }
+    }
+
+    /// These rounds, keeping the granting round's `leftover` to be
+    /// finished when the lock is next used, or when its last copy is
+    /// dropped ([`Deferred`]); finished at once where it cannot be kept
+    /// (no runtime to finish it on later).
+    pub(crate) fn keeping(mut self, leftover: Option<Leftover>, finishers: &Finishers) -> InFlight {
+        if let Some(leftover) = leftover {
+            match Deferred::new(leftover) {
+                Ok(deferred) => self.deferred = Some(Arc::new(deferred)),
+                Err(leftover) => finishers.finish(leftover),
+            }
+        }
+        self
+    }
+
+    /// The kept leftover, for the round that uses the lock next to drive
+    /// ([`Deferred::take`]): that round's requests may wait for its
+    /// requests to settle.
+    pub(crate) fn take_deferred(&self) -> Option<Leftover> {
+        self.deferred.as_ref().and_then(|deferred| deferred.take())
+    }
+
+    /// Finishes the kept leftover, if any ([`Deferred::finish`]), where no
+    /// round on the lock follows at once (the watchdog's first renewal is
+    /// a third of the ttl away).
+    pub(crate) fn finish_deferred(&self) {
+        if let Some(deferred) = &self.deferred {
+            deferred.finish();
         }
     }
 
@@ -218,6 +255,9 @@ impl InFlight {
             .collect();
         InFlight {
             rounds: (!rounds.is_empty()).then(|| rounds.into()),
+            // The lock's kept leftover goes along: the round given these
+            // rounds to go behind drives it.
+            deferred: self.deferred.clone().or_else(|| later.deferred.clone()),
         }
     }
 }

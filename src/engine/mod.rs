@@ -39,6 +39,7 @@ pub(crate) mod cluster;
 pub(crate) mod config;
 pub(crate) mod conn;
 pub(crate) mod counters;
+pub(crate) mod deferred;
 pub(crate) mod dial;
 pub(crate) mod extend;
 pub(crate) mod fanout;

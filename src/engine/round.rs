@@ -32,6 +32,7 @@ use redis::Value;
 use crate::engine::Inner;
 pub(crate) use crate::engine::call::{Prepared, call};
 use crate::engine::fanout::Fanout;
+use crate::engine::finisher::Leftover;
 pub(crate) use crate::engine::inflight::InFlight;
 use crate::engine::inflight::{Mark, Settled};
 use crate::engine::send;
@@ -43,8 +44,10 @@ use crate::protocol::tally::Tally;
 #[cfg(feature = "tracing")]
 use crate::trace;
 
-/// The next outcome of a round's requests; once `timer` fired, the
-/// requests on the round's deadline answer that they timed out. `None` when
+/// The next outcome of a round's requests, driving `carried` (a lock's
+/// kept leftover, see [`round_keeping`]) meanwhile; once `timer` fired, the
+/// requests on the round's deadline that have no reply answer that they
+/// timed out. `None` when
 /// none is left, or when the `unheard` requests are all that is left and
 /// none of them is ready (each was polled, so sent, first).
 async fn next<F: Future + Unpin>(
@@ -52,21 +55,45 @@ async fn next<F: Future + Unpin>(
     mut timer: std::pin::Pin<&mut tokio::time::Sleep>,
     settled: &Settled,
     unheard: usize,
+    carried: &mut Option<Leftover>,
 ) -> Option<F::Output> {
     std::future::poll_fn(|cx| {
-        if !settled.expired.load(std::sync::atomic::Ordering::Relaxed)
-            && timer.as_mut().poll(cx).is_ready()
-        {
-            settled
-                .expired
-                .store(true, std::sync::atomic::Ordering::Release);
-        }
-        match pending.poll_next_unpin(cx) {
-            Poll::Pending if pending.len() <= unheard => Poll::Ready(None),
-            other => other,
+        poll_carried(carried, cx);
+        loop {
+            let expired = settled.expired.load(std::sync::atomic::Ordering::Relaxed);
+            // The requests first, the timer after: a reply that is there
+            // when polled counts, however late the poll (a lock's kept
+            // leftover is polled when the lock is next used).
+            if let Poll::Ready(outcome) = pending.poll_next_unpin(cx) {
+                return Poll::Ready(outcome);
+            }
+            if !expired && timer.as_mut().poll(cx).is_ready() {
+                settled
+                    .expired
+                    .store(true, std::sync::atomic::Ordering::Release);
+                // The requests on the deadline answer now.
+                continue;
+            }
+            return match pending.len() <= unheard {
+                true => Poll::Ready(None),
+                false => Poll::Pending,
+            };
         }
     })
     .await
+}
+
+/// Polls a lock's kept leftover, dropping it once done. A panic in it ends
+/// it alone, as in a task of its own.
+fn poll_carried(carried: &mut Option<Leftover>, cx: &mut std::task::Context<'_>) {
+    if let Some(leftover) = carried {
+        let done = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            leftover.as_mut().poll(cx).is_ready()
+        }));
+        if done.unwrap_or(true) {
+            *carried = None;
+        }
+    }
 }
 
 /// How long a round listens.
@@ -129,7 +156,49 @@ pub(crate) async fn round<F>(
 where
     F: Fn(&Value) -> Result<Reply, String>,
 {
+    let (round, leftover) = round_keeping(inner, only, ask, until, request, after, read).await;
+    if let Some(leftover) = leftover {
+        inner.finishers.finish(leftover);
+    }
+    round
+}
+
+/// [`round`], giving back the requests still pending (the leftover)
+/// instead of having them finished: an acquisition keeps its leftover
+/// with the lock it grants ([`InFlight::keeping`]). The caller must see
+/// that the leftover is finished (polled to its end): a later request on
+/// a node waits for that node's pending request to settle.
+///
+/// # Cancel safety
+/// As [`round`].
+pub(crate) async fn round_keeping<F>(
+    inner: &Inner,
+    only: Option<&[usize]>,
+    ask: Ask,
+    until: Until,
+    request: Request,
+    after: &InFlight,
+    read: F,
+) -> (Round, Option<Leftover>)
+where
+    F: Fn(&Value) -> Result<Reply, String>,
+{
     inner.warm_up().await;
+    // The lock's kept leftover (its granting round's requests to the
+    // slower nodes), driven with this round's requests: each node's
+    // request here goes behind that node's there, and may wait for it to
+    // settle. Whatever is left of it when the round ends goes on in a task.
+    let mut carried = after.take_deferred();
+    if carried.is_some() {
+        // Polled once before anything else: a request of it whose deadline
+        // passed (a lock held past the node timeout) times out now, and a
+        // node that did not answer it counts as silent for this round.
+        std::future::poll_fn(|cx| {
+            poll_carried(&mut carried, cx);
+            Poll::Ready(())
+        })
+        .await;
+    }
     let nodes = &inner.nodes;
     let node_timeout = inner.config.node_timeout;
     // A guarded acquisition's form for nodes known to be old, made once
@@ -213,6 +282,7 @@ where
         timer.as_mut(),
         &settled,
         skippable(&tally, unheard.len()),
+        &mut carried,
     )
     .await
     {
@@ -242,27 +312,36 @@ where
     for index in unheard {
         tally.record(index, nodes[index].label(), Err(NodeError::Silent));
     }
-    if (tally.quorum_at.is_some() || until == Until::AllAnswering) && !pending.is_empty() {
-        let settled_rest = settled.clone();
-        // Each is bounded by the timeouts, so whoever finishes them (a
-        // task of their own, or the finisher) is done with them soon. A
-        // node that fails every request but is never among the first to
-        // answer still counts in `node_failures`: each request counts its
-        // own failure ([`call`]; the replies left here are not read, the
-        // round's reader borrows).
-        inner.finishers.finish(async move {
-            let mut timer = timer;
-            while next(&mut pending, timer.as_mut(), &settled_rest, 0)
-                .await
-                .is_some()
-            {}
-        });
+    if let Some(carried) = carried {
+        inner.finishers.finish(carried);
     }
+    let leftover =
+        match (tally.quorum_at.is_some() || until == Until::AllAnswering) && !pending.is_empty() {
+            true => {
+                let settled_rest = settled.clone();
+                // Each is bounded by the timeouts, so whoever finishes them (a
+                // task of their own, the finisher, or a lock's next request)
+                // is done with them soon. A node that fails every request but
+                // is never among the first to answer still counts in
+                // `node_failures`: each request counts its own failure
+                // ([`call`]; the replies left here are not read, the round's
+                // reader borrows).
+                Some(Box::pin(async move {
+                    let mut timer = timer;
+                    while next(&mut pending, timer.as_mut(), &settled_rest, 0, &mut None)
+                        .await
+                        .is_some()
+                    {}
+                }) as Leftover)
+            }
+            false => None,
+        };
     // A round that heard every node leaves nothing in flight.
-    Round {
+    let round = Round {
         tally,
         in_flight: InFlight::of(settled),
-    }
+    };
+    (round, leftover)
 }
 
 #[cfg(test)]

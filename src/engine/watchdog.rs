@@ -61,6 +61,10 @@ pub(crate) fn spawn(
     ttl: Duration,
     interval: Duration,
 ) -> (watch::Receiver<State>, oneshot::Sender<Stop>) {
+    // The granting round's leftover is finished now, not at the first
+    // renewal: a held lock's slower nodes count their failures as a
+    // lock's would that is used at once.
+    lock.in_flight.finish_deferred();
     let (state_tx, state_rx) = watch::channel(State {
         lock,
         lost: None,
