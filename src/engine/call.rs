@@ -23,9 +23,10 @@ use crate::protocol::request::{Marked, Request, acquire};
 /// Sends `request` to one node: after the node's earlier requests on the
 /// same lock (`after`), queued behind them on their connection or once they
 /// settled (see [`inflight`](crate::engine::inflight)), connects within the
-/// connect timeout, and waits for the reply within the node timeout (plus
-/// [`PER_KEY`](crate::protocol::request::PER_KEY) for each key past the
-/// first, see [`Request::timeout`]). A request on a connection that turns
+/// connect timeout, and waits for the reply within `timeout` (the node
+/// timeout plus [`PER_KEY`](crate::protocol::request::PER_KEY) for each
+/// key past the first: [`Request::timeout`], which the caller works out,
+/// once for a round). A request on a connection that turns
 /// out to be broken (the node restarted since it was made) is sent once more
 /// on a fresh one. `mark`, when given, records where the request went, for
 /// the requests that come after it; the request's future owns it, so that
@@ -41,7 +42,7 @@ pub(crate) async fn call(
     node: Arc<Node>,
     index: usize,
     request: Request,
-    node_timeout: Duration,
+    timeout: Duration,
     after: InFlight,
     mark: Option<Mark>,
     prepared: Prepared,
@@ -58,7 +59,6 @@ pub(crate) async fn call(
     // Whether earlier requests to the node may still run: this one then
     // goes after them (queued behind them, or once they settled).
     let mut behind = !after.settled_now(index);
-    let timeout = request.timeout(node_timeout);
     let mut sends = 0u32;
     let mut retried = false;
     let mut request = request;

@@ -238,11 +238,12 @@ async fn drain(mut worker: Worker) {
         let answers = join_all(batch.iter().map(|(token, keys, quiet)| {
             let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
             let request = unlock::request(&keys, token, *quiet);
+            let timeout = request.timeout(node_timeout);
             round::call(
                 node.clone(),
                 index,
                 request,
-                node_timeout,
+                timeout,
                 InFlight::default(),
                 None,
                 round::Prepared::default(),

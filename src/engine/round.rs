@@ -213,6 +213,7 @@ where
             false => send::prebuilt(&request),
         },
     };
+    let timeout = request.timeout(node_timeout);
     let settled = Arc::new(Settled::new(nodes.len(), |index| {
         only.is_none_or(|only| only.contains(&index))
     }));
@@ -235,23 +236,15 @@ where
                 // beside the call's own state, which took the box past the
                 // allocator's per-thread cache (see the test below).
                 Box::pin(
-                    call(
-                        node,
-                        index,
-                        request,
-                        node_timeout,
-                        after,
-                        Some(mark),
-                        prepared,
-                    )
-                    .map(move |outcome| (index, outcome)),
+                    call(node, index, request, timeout, after, Some(mark), prepared)
+                        .map(move |outcome| (index, outcome)),
                 )
             }),
     );
 
     // The round's one timer: every request sent at once is bounded by it
     // (a request that waited or was sent again has its own).
-    let deadline = tokio::time::Instant::now() + request.timeout(node_timeout);
+    let deadline = tokio::time::Instant::now() + timeout;
     // Boxed, so that a leftover can take it along: a timer dropped and
     // made anew for the leftover was one more registration with the
     // runtime's timer wheel, and one more removal, in most rounds.

@@ -35,7 +35,7 @@ pub(crate) fn check_handoff(inner: &Arc<Inner>, nodes: &[usize], keys: &[&str], 
             return;
         };
         let request = handoff::request(keys, token);
-        let timeout = inner.config.node_timeout;
+        let timeout = request.timeout(inner.config.node_timeout);
         let checks = nodes.iter().map(|&index| {
             crate::engine::round::call(
                 inner.nodes[index].clone(),
