@@ -84,6 +84,14 @@ impl Deferred {
         None
     }
 
+    /// Takes back a leftover that [`take`](Deferred::take) gave a round,
+    /// which was dropped before it finished it (its caller cancelled), and
+    /// finishes it ([`finish`](Deferred::finish)).
+    pub(crate) fn put_back(&self, leftover: Leftover) {
+        *lock(&self.leftover) = Some(leftover);
+        self.finish();
+    }
+
     /// Polls the leftover once, on its runtime, and spawns it onto that
     /// runtime when it is not done (or when called from elsewhere). Only
     /// the first call does anything.

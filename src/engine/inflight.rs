@@ -226,8 +226,9 @@ impl InFlight {
     /// The kept leftover, for the round that uses the lock next to drive
     /// ([`Deferred::take`]): that round's requests may wait for its
     /// requests to settle.
-    pub(crate) fn take_deferred(&self) -> Option<Leftover> {
-        self.deferred.as_ref().and_then(|deferred| deferred.take())
+    pub(crate) fn take_deferred(&self) -> Option<(Leftover, Arc<Deferred>)> {
+        let deferred = self.deferred.as_ref()?;
+        Some((deferred.take()?, deferred.clone()))
     }
 
     /// Finishes the kept leftover, if any ([`Deferred::finish`]), where no

@@ -5,7 +5,9 @@
 //! When a round stops at a quorum, the requests still pending are finished
 //! by a task of their own, or, for a round run outside a task, by the
 //! manager's [finisher](crate::engine::finisher) task, so that slower
-//! nodes get the write too. Anything that later touches the same key on a
+//! nodes get the write too; a lock on one resource keeps its acquisition's
+//! instead, until its next round drives them
+//! ([`Deferred`](crate::engine::deferred::Deferred)). Anything that later touches the same key on a
 //! node (a release, say) must come after
 //! that node's pending request, or a late `SET` could land after the
 //! release and leave the key behind for its whole ttl. [`InFlight`] tracks
@@ -31,6 +33,7 @@ use redis::Value;
 
 use crate::engine::Inner;
 pub(crate) use crate::engine::call::{Prepared, call};
+use crate::engine::deferred::Deferred;
 use crate::engine::fanout::Fanout;
 use crate::engine::finisher::Leftover;
 pub(crate) use crate::engine::inflight::InFlight;
@@ -92,6 +95,19 @@ fn poll_carried(carried: &mut Option<Leftover>, cx: &mut std::task::Context<'_>)
         }));
         if done.unwrap_or(true) {
             *carried = None;
+        }
+    }
+}
+
+/// A lock's kept leftover while a round drives it, and where it was kept:
+/// a round dropped midway (its caller cancelled) gives it back there, to
+/// be finished on its own runtime ([`Deferred::put_back`]).
+struct Carried(Option<Leftover>, Option<Arc<Deferred>>);
+
+impl Drop for Carried {
+    fn drop(&mut self) {
+        if let (Some(leftover), Some(from)) = (self.0.take(), &self.1) {
+            from.put_back(leftover);
         }
     }
 }
@@ -188,13 +204,16 @@ where
     // slower nodes), driven with this round's requests: each node's
     // request here goes behind that node's there, and may wait for it to
     // settle. Whatever is left of it when the round ends goes on in a task.
-    let mut carried = after.take_deferred();
-    if carried.is_some() {
+    let mut carried = match after.take_deferred() {
+        Some((leftover, from)) => Carried(Some(leftover), Some(from)),
+        None => Carried(None, None),
+    };
+    if carried.0.is_some() {
         // Polled once before anything else: a request of it whose deadline
         // passed (a lock held past the node timeout) times out now, and a
         // node that did not answer it counts as silent for this round.
         std::future::poll_fn(|cx| {
-            poll_carried(&mut carried, cx);
+            poll_carried(&mut carried.0, cx);
             Poll::Ready(())
         })
         .await;
@@ -275,7 +294,7 @@ where
         timer.as_mut(),
         &settled,
         skippable(&tally, unheard.len()),
-        &mut carried,
+        &mut carried.0,
     )
     .await
     {
@@ -305,7 +324,7 @@ where
     for index in unheard {
         tally.record(index, nodes[index].label(), Err(NodeError::Silent));
     }
-    if let Some(carried) = carried {
+    if let Some(carried) = carried.0.take() {
         inner.finishers.finish(carried);
     }
     let leftover =
