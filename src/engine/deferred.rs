@@ -84,6 +84,12 @@ impl Deferred {
         None
     }
 
+    /// Whether the leftover is still kept here (not yet taken or
+    /// finished).
+    pub(crate) fn waiting(&self) -> bool {
+        lock(&self.leftover).is_some()
+    }
+
     /// Takes back a leftover that [`take`](Deferred::take) gave a round,
     /// which was dropped before it finished it (its caller cancelled), and
     /// finishes it ([`finish`](Deferred::finish)).

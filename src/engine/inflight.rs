@@ -233,9 +233,10 @@ impl InFlight {
 
     /// Finishes the kept leftover, if any ([`Deferred::finish`]), where no
     /// round on the lock follows at once (the watchdog's first renewal is
-    /// a third of the ttl away).
-    pub(crate) fn finish_deferred(&self) {
-        if let Some(deferred) = &self.deferred {
+    /// a third of the ttl away), and lets go of it: a guard's lock, and
+    /// every renewal's, then carries nothing more.
+    pub(crate) fn finish_deferred(&mut self) {
+        if let Some(deferred) = self.deferred.take() {
             deferred.finish();
         }
     }
@@ -256,9 +257,13 @@ impl InFlight {
             .collect();
         InFlight {
             rounds: (!rounds.is_empty()).then(|| rounds.into()),
-            // The lock's kept leftover goes along: the round given these
-            // rounds to go behind drives it.
-            deferred: self.deferred.clone().or_else(|| later.deferred.clone()),
+            // The lock's kept leftover goes along while it waits: the round
+            // given these rounds to go behind drives it.
+            deferred: [&self.deferred, &later.deferred]
+                .into_iter()
+                .flatten()
+                .find(|deferred| deferred.waiting())
+                .cloned(),
         }
     }
 }

@@ -57,7 +57,7 @@ pub(crate) enum Stop {
 /// channel and of the stop channel.
 pub(crate) fn spawn(
     inner: Arc<Inner>,
-    lock: Lock,
+    mut lock: Lock,
     ttl: Duration,
     interval: Duration,
 ) -> (watch::Receiver<State>, oneshot::Sender<Stop>) {
