@@ -7,7 +7,7 @@
 //! manager's [finisher](crate::engine::finisher) task, so that slower
 //! nodes get the write too; a lock on one resource keeps its acquisition's
 //! instead, until its next round drives them
-//! ([`Deferred`](crate::engine::deferred::Deferred)). Anything that later touches the same key on a
+//! ([`Deferred`]). Anything that later touches the same key on a
 //! node (a release, say) must come after
 //! that node's pending request, or a late `SET` could land after the
 //! release and leave the key behind for its whole ttl. [`InFlight`] tracks
