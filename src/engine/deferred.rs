@@ -54,15 +54,30 @@ pub(crate) struct Deferred {
 }
 
 impl Deferred {
-    /// Keeps `leftover` for later, on the current runtime; gives it back
-    /// outside one.
+    /// Keeps `leftover` for later, when called from a task on a
+    /// multi-thread runtime (a service's workers, where a task per
+    /// acquisition cost the most); gives it back everywhere else, to be
+    /// finished at once as before. A current-thread runtime runs its tasks
+    /// only inside `block_on`, and a `block_on` thread may be the last
+    /// code that runtime ever runs: a lock taken there and used or
+    /// dropped after its runtime stopped or shut down could leave its
+    /// leftover to a runtime that never runs it (a new user's program hung
+    /// so on its next step, releasing from a second runtime after the
+    /// first had shut down).
     pub(crate) fn new(leftover: Leftover) -> Result<Deferred, Leftover> {
+        if tokio::task::try_id().is_none() {
+            return Err(leftover);
+        }
         match Handle::try_current() {
-            Ok(runtime) => Ok(Deferred {
-                leftover: Mutex::new(Some(leftover)),
-                runtime,
-            }),
-            Err(_) => Err(leftover),
+            Ok(runtime)
+                if runtime.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread =>
+            {
+                Ok(Deferred {
+                    leftover: Mutex::new(Some(leftover)),
+                    runtime,
+                })
+            }
+            _ => Err(leftover),
         }
     }
 
