@@ -36,6 +36,15 @@ async fn three_with_a_slow_node(
     (cluster, proxy, redlock)
 }
 
+/// Runs `test` in a task of the test's multi-thread runtime: a lock keeps
+/// its leftover only when taken from a task there (a test's body runs in
+/// `block_on`, outside any task).
+async fn in_a_task(test: impl std::future::Future<Output = ()> + Send + 'static) {
+    if let Err(e) = tokio::spawn(test).await {
+        std::panic::resume_unwind(e.into_panic());
+    }
+}
+
 fn failures(redlock: &Redlock) -> Vec<u64> {
     redlock
         .stats()
@@ -55,26 +64,27 @@ fn failures(redlock: &Redlock) -> Vec<u64> {
 /// late poll then reports a timeout for a node that answered).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reply_that_came_while_the_lock_was_held_is_an_answer() {
-    let (cluster, _proxy, redlock) =
-        three_with_a_slow_node(Duration::from_secs(1), Duration::from_millis(300)).await;
-    for round in 0..3 {
-        let name = resource(&format!("held-past-deadline-{round}"));
-        let lock = redlock.try_lock(&name, TTL).await.expect("nodes 0 and 1");
-        tokio::time::sleep(Duration::from_millis(1500)).await;
-        assert!(cluster.exists_on(2, &name), "the SET reached node 2");
-        assert_eq!(redlock.unlock(&lock).await.ok(), Some(3), "round {round}");
-        assert!(cluster.nowhere(&name), "round {round}: a key was left");
-    }
-    assert_eq!(failures(&redlock), [0, 0, 0], "{:?}", redlock.stats());
+    in_a_task(async move {
+        let (cluster, _proxy, redlock) =
+            three_with_a_slow_node(Duration::from_secs(1), Duration::from_millis(300)).await;
+        for round in 0..3 {
+            let name = resource(&format!("held-past-deadline-{round}"));
+            let lock = redlock.try_lock(&name, TTL).await.expect("nodes 0 and 1");
+            tokio::time::sleep(Duration::from_millis(1500)).await;
+            assert!(cluster.exists_on(2, &name), "the SET reached node 2");
+            assert_eq!(redlock.unlock(&lock).await.ok(), Some(3), "round {round}");
+            assert!(cluster.nowhere(&name), "round {round}: a key was left");
+        }
+        assert_eq!(failures(&redlock), [0, 0, 0], "{:?}", redlock.stats());
+    })
+    .await;
 }
 
-/// A lock taken on a runtime that then shuts down, with its leftover still
-/// waiting for a slow node, is released from another runtime. The
-/// connections are a multi-thread runtime's, which the short-lived
-/// current-thread runtimes share, so the leftover's request is still
-/// pending on a live connection when the release comes: the release must
-/// not poll the dead runtime's timer (it hands the leftover to that
-/// runtime, which drops it), must not panic, and releases the lock.
+/// A lock taken in a task of a runtime that then shuts down, with its
+/// leftover still waiting for a slow node, is released from another
+/// runtime: the release must not poll the dead runtime's timer (it hands
+/// the leftover to that runtime, which drops it), must not panic or hang,
+/// and releases the lock.
 ///
 /// The runtime check it exercises is defensive: with it removed this test
 /// passes too on Tokio 1.54 (the dead runtime's timer is not polled with
@@ -91,23 +101,32 @@ fn a_lock_released_on_another_runtime_after_its_own_shut_down() {
     let proxy = shared.block_on(Proxy::to_port(cluster.node(2).port()));
     let mut urls = cluster.urls()[..2].to_vec();
     urls.push(proxy.url());
-    let redlock = Redlock::builder(urls.iter().map(String::as_str))
-        .node_timeout(Duration::from_secs(1))
-        .retry_count(0)
-        .build()
-        .unwrap();
+    let redlock = std::sync::Arc::new(
+        Redlock::builder(urls.iter().map(String::as_str))
+            .node_timeout(Duration::from_secs(1))
+            .retry_count(0)
+            .build()
+            .unwrap(),
+    );
     shared.block_on(warm(&redlock));
     proxy.set(Fault::Latency(Duration::from_millis(300)));
     for round in 0..3 {
         let name = resource(&format!("other-runtime-{round}"));
-        let first = tokio::runtime::Builder::new_current_thread()
+        // Taken in a task of a multi-thread runtime (where a lock keeps
+        // its leftover), which is then shut down.
+        let first = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
             .enable_all()
             .build()
             .unwrap();
         let lock = first
-            .block_on(redlock.try_lock(&name, TTL))
+            .block_on(first.spawn({
+                let (redlock, name) = (redlock.clone(), name.clone());
+                async move { redlock.try_lock(&name, TTL).await }
+            }))
+            .expect("the task ended")
             .expect("nodes 0 and 1");
-        drop(first);
+        first.shutdown_timeout(Duration::from_secs(1));
         let released = shared.block_on(redlock.unlock(&lock));
         assert!(
             matches!(released, Ok(2) | Ok(3)),
@@ -134,28 +153,31 @@ fn a_lock_released_on_another_runtime_after_its_own_shut_down() {
 /// then waits for it without end).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_right_behind_the_grant_goes_after_the_slow_set() {
-    let (cluster, _proxy, redlock) =
-        three_with_a_slow_node(Duration::from_secs(2), Duration::from_millis(50)).await;
-    let mut names = Vec::new();
-    for i in 0..20 {
-        let name = resource(&format!("right-behind-{i}"));
-        let lock = redlock.try_lock(&name, TTL).await.expect("nodes 0 and 1");
-        let started = std::time::Instant::now();
-        let released = tokio::time::timeout(Duration::from_secs(5), redlock.unlock(&lock))
-            .await
-            .unwrap_or_else(|_| panic!("lock {i}: the release never ended"));
-        assert_eq!(released.ok(), Some(3), "lock {i}");
-        assert!(
-            started.elapsed() < Duration::from_secs(1),
-            "lock {i}: the release took {:?}",
-            started.elapsed()
-        );
-        names.push(name);
-    }
-    for name in &names {
-        assert!(cluster.nowhere(name), "{name} was left");
-    }
-    assert_eq!(failures(&redlock), [0, 0, 0], "{:?}", redlock.stats());
+    in_a_task(async move {
+        let (cluster, _proxy, redlock) =
+            three_with_a_slow_node(Duration::from_secs(2), Duration::from_millis(50)).await;
+        let mut names = Vec::new();
+        for i in 0..20 {
+            let name = resource(&format!("right-behind-{i}"));
+            let lock = redlock.try_lock(&name, TTL).await.expect("nodes 0 and 1");
+            let started = std::time::Instant::now();
+            let released = tokio::time::timeout(Duration::from_secs(5), redlock.unlock(&lock))
+                .await
+                .unwrap_or_else(|_| panic!("lock {i}: the release never ended"));
+            assert_eq!(released.ok(), Some(3), "lock {i}");
+            assert!(
+                started.elapsed() < Duration::from_secs(1),
+                "lock {i}: the release took {:?}",
+                started.elapsed()
+            );
+            names.push(name);
+        }
+        for name in &names {
+            assert!(cluster.nowhere(name), "{name} was left");
+        }
+        assert_eq!(failures(&redlock), [0, 0, 0], "{:?}", redlock.stats());
+    })
+    .await;
 }
 
 /// Node 2 paused. Each lock's release is cancelled 5 ms in, after its round
@@ -168,36 +190,83 @@ async fn a_release_right_behind_the_grant_goes_after_the_slow_set() {
 /// count at all).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cancelled_release_gives_the_leftover_back() {
+    in_a_task(async move {
+        let mut cluster = Cluster::start(3);
+        let redlock = cluster
+            .builder()
+            .node_timeout(Duration::from_millis(500))
+            .retry_count(0)
+            .build()
+            .unwrap();
+        warm(&redlock).await;
+        cluster.node(2).pause();
+        let mut held = Vec::new();
+        for i in 0..3 {
+            let lock = redlock
+                .try_lock(&resource(&format!("cancelled-release-{i}")), TTL)
+                .await
+                .expect("nodes 0 and 1");
+            let cancelled =
+                tokio::time::timeout(Duration::from_millis(5), redlock.unlock(&lock)).await;
+            assert!(
+                cancelled.is_err(),
+                "lock {i}: the release waited for node 2"
+            );
+            held.push(lock);
+        }
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while failures(&redlock)[2] < 3 && std::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        assert_eq!(failures(&redlock), [0, 0, 3], "{:?}", redlock.stats());
+        cluster.node(2).resume();
+        for lock in &held {
+            let _ = redlock.unlock(lock).await;
+        }
+    })
+    .await;
+}
+
+/// A lock taken from `block_on` on a current-thread runtime (a test's body,
+/// a command-line tool) does not keep its leftover: node 2 paused, the
+/// request to it times out in its own task while the lock is still held,
+/// and counts at once. A leftover kept there could be left to a runtime
+/// that never runs again (a new user's program hung so, releasing from a
+/// second runtime after the first had shut down).
+///
+/// Catches a lock that keeps its leftover outside a multi-thread
+/// runtime's task (the count comes only when the lock is used).
+#[test]
+fn a_lock_taken_from_block_on_finishes_its_leftover_at_once() {
     let mut cluster = Cluster::start(3);
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
     let redlock = cluster
         .builder()
         .node_timeout(Duration::from_millis(500))
         .retry_count(0)
         .build()
         .unwrap();
-    warm(&redlock).await;
+    runtime.block_on(warm(&redlock));
     cluster.node(2).pause();
-    let mut held = Vec::new();
-    for i in 0..3 {
+    runtime.block_on(async {
         let lock = redlock
-            .try_lock(&resource(&format!("cancelled-release-{i}")), TTL)
+            .try_lock(&resource("from-block-on"), TTL)
             .await
             .expect("nodes 0 and 1");
-        let cancelled = tokio::time::timeout(Duration::from_millis(5), redlock.unlock(&lock)).await;
-        assert!(
-            cancelled.is_err(),
-            "lock {i}: the release waited for node 2"
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while failures(&redlock)[2] < 1 && std::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(
+            failures(&redlock),
+            [0, 0, 1],
+            "the held lock's request to the paused node did not count"
         );
-        held.push(lock);
-    }
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while failures(&redlock)[2] < 3 && std::time::Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    tokio::time::sleep(Duration::from_millis(600)).await;
-    assert_eq!(failures(&redlock), [0, 0, 3], "{:?}", redlock.stats());
+        drop(lock);
+    });
     cluster.node(2).resume();
-    for lock in &held {
-        let _ = redlock.unlock(lock).await;
-    }
 }

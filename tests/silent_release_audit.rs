@@ -136,10 +136,6 @@ async fn silence(redlocks: &[&Redlock], node_timeout: Duration) -> Vec<Lock> {
             .await
             .expect("never ended")
             .expect("a quorum of the others");
-        // A lock's slower nodes' requests wait, kept with it, for its next
-        // use (see `Deferred` in the crate): a check of it hands them on
-        // to a task, where the paused node's times out.
-        let _ = bounded(redlock.verify(&lock)).await;
         locks.push(lock);
     }
     tokio::time::sleep(node_timeout + Duration::from_millis(400)).await;

@@ -16,8 +16,9 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 /// An acquisition's leftover, kept with the lock it granted instead of
-/// finished by a task at once ([`InFlight::keeping`]): only a plain `SET`
-/// of one key's, which reaches its node once handed to the connection
+/// finished by a task at once ([`InFlight::keeping`]): only one made in a
+/// task on a multi-thread runtime ([`Deferred::new`] says why), and only a
+/// plain `SET` of one key's, which reaches its node once handed to the connection
 /// (a script may need a second send after `NOSCRIPT`, so may the form a
 /// node older than Redis 7.0 gets: theirs go on in a task at once).
 ///
