@@ -1,17 +1,23 @@
 //! A lock on one resource taken in a task on a multi-thread runtime may
 //! keep its granting round's requests to the slower nodes (the leftover)
 //! until the lock is next used or dropped, instead of a task per
-//! acquisition (`KEEP_LEFTOVERS` in `src/engine/deferred.rs`: switched off
-//! until the defects its audit found are fixed). These tests hold on both
-//! paths; with it on, each failed with the part it names removed:
+//! acquisition (`Deferred` in `src/engine/deferred.rs`). These tests hold
+//! with the leftover kept and with `KEEP_LEFTOVERS` off; with it on, each
+//! failed with the part it names removed:
 //! - a reply that came in while the lock was held counts as an answer,
 //!   not as a timeout, when the leftover is polled after its deadline;
 //! - a lock taken on one runtime and released on another, after the first
 //!   shut down, is released and panics nowhere;
 //! - the release right behind a grant still goes after each slow node's
 //!   `SET`;
-//! - a release cancelled midway gives the leftover back;
-//! - a lock taken from `block_on` finishes its leftover at once.
+//! - a release cancelled midway hands the leftover to a task;
+//! - a lock taken from `block_on` finishes its leftover at once;
+//! - a lock taken while a node's connection is being made anew (the node
+//!   restarted) reaches that node while it is held;
+//! - a leftover polled after the lock expired does not send its `SET`
+//!   again on a fresh connection;
+//! - a release that is polled once and then neither polled nor dropped
+//!   does not hold up another release of the same lock.
 
 use std::time::Duration;
 
@@ -47,6 +53,22 @@ async fn three_with_a_slow_node(
 async fn in_a_task(test: impl std::future::Future<Output = ()> + Send + 'static) {
     if let Err(e) = tokio::spawn(test).await {
         std::panic::resume_unwind(e.into_panic());
+    }
+}
+
+/// Whether `check` holds within `limit`, looked at every 10 ms without
+/// blocking the runtime's thread (a task spawned from it may be queued
+/// there, where no other worker takes it).
+async fn within(limit: Duration, check: impl Fn() -> bool) -> bool {
+    let deadline = std::time::Instant::now() + limit;
+    loop {
+        if check() {
+            return true;
+        }
+        if std::time::Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
 
@@ -186,13 +208,13 @@ async fn a_release_right_behind_the_grant_goes_after_the_slow_set() {
 }
 
 /// Node 2 paused. Each lock's release is cancelled 5 ms in, after its round
-/// took the lock's kept leftover to drive (the request to node 2, pending
-/// until the 500 ms node timeout): the round gives it back, and it is
-/// finished in a task, so that node 2's timeout counts once per lock,
-/// although the lock is still held (not dropped, not used again).
+/// polled the lock's kept leftover (the request to node 2, pending until
+/// the 500 ms node timeout): the round, dropped, hands it to a task, so
+/// that node 2's timeout counts once per lock, although the lock is still
+/// held (not dropped, not used again).
 ///
-/// Catches a cancelled round that drops the leftover it was driving (no
-/// count at all).
+/// Catches a cancelled round that leaves the leftover it was polling
+/// without anyone to finish it (no count until the lock is used again).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cancelled_release_gives_the_leftover_back() {
     in_a_task(async move {
@@ -274,4 +296,119 @@ fn a_lock_taken_from_block_on_finishes_its_leftover_at_once() {
         drop(lock);
     });
     cluster.node(2).resume();
+}
+
+/// Node 2 restarted (its connection broken) just before each lock is
+/// taken, in a task: the request to it is still being sent again, on a
+/// fresh connection, when the quorum of nodes 0 and 1 grants the lock.
+/// Held and not used, the lock must reach node 2 within a second, as a
+/// task would send it there: a leftover kept with such a request sends it
+/// only when the lock is next used, and the key is on the quorum alone
+/// meanwhile.
+///
+/// Catches keeping a leftover whose every request is not in its
+/// connection's queue (`Settled::all_queued`), and a request to be sent
+/// again that still looks queued while it connects.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_taken_as_a_node_restarts_reaches_it_while_held() {
+    in_a_task(async move {
+        let mut cluster = Cluster::start(3);
+        let redlock = cluster
+            .builder()
+            .node_timeout(Duration::from_secs(1))
+            .retry_count(0)
+            .build()
+            .unwrap();
+        warm(&redlock).await;
+        for round in 0..3 {
+            cluster.node(2).restart();
+            // The old connection's end has reached the client.
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            let name = resource(&format!("restarted-{round}"));
+            let lock = redlock.try_lock(&name, TTL).await.expect("a quorum");
+            let reached = within(Duration::from_secs(1), || cluster.exists_on(2, &name)).await;
+            assert!(reached, "round {round}: the held lock never reached node 2");
+            assert!(redlock.unlock(&lock).await.is_ok(), "round {round}");
+            assert!(cluster.nowhere(&name), "round {round}: a key was left");
+        }
+    })
+    .await;
+}
+
+/// Node 2 paused, a lock (2 s ttl) is taken in a task: its `SET` to node 2
+/// waits in the connection. Node 2 is then killed and started again
+/// (empty), which breaks that connection, and the lock is dropped only
+/// after it expired. Its leftover, polled then for the first time, must
+/// not send the `SET` again on a fresh connection: node 2 would hold a
+/// fresh key for a whole ttl, long after the lock's validity ended.
+///
+/// Catches a kept leftover's request sent again past its round's deadline
+/// (`Settled::may_send_again`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leftover_polled_after_expiry_sends_nothing_again() {
+    in_a_task(async move {
+        let mut cluster = Cluster::start(3);
+        let redlock = cluster
+            .builder()
+            .node_timeout(Duration::from_millis(300))
+            .retry_count(0)
+            .build()
+            .unwrap();
+        warm(&redlock).await;
+        for round in 0..2 {
+            cluster.node(2).pause();
+            let name = resource(&format!("late-poll-{round}"));
+            let lock = redlock
+                .try_lock(&name, Duration::from_secs(2))
+                .await
+                .expect("nodes 0 and 1");
+            cluster.node(2).restart();
+            tokio::time::sleep(Duration::from_millis(2500)).await;
+            drop(lock);
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            assert!(
+                !cluster.exists_on(2, &name),
+                "round {round}: node 2 holds a fresh key, pttl {} ms",
+                cluster.pttl_on(2, &name)
+            );
+            assert!(cluster.nowhere(&name), "round {round}");
+        }
+    })
+    .await;
+}
+
+/// Node 2 answers 300 ms late. A lock is taken in a task, and its release
+/// is polled once (it polls the lock's kept leftover, whose `SET` to node
+/// 2 is still on its way) and then kept, neither polled nor dropped, as a
+/// `select!` over `&mut` leaves the branch that lost. A release of a copy
+/// of the lock must still end, within the node timeout's order: it polls
+/// the leftover itself.
+///
+/// Catches a round that takes the leftover for itself while it runs (the
+/// second release then waits for node 2's `SET` to settle without end).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_parked_release_does_not_hold_up_another() {
+    in_a_task(async move {
+        let (cluster, _proxy, redlock) =
+            three_with_a_slow_node(Duration::from_secs(1), Duration::from_millis(300)).await;
+        for round in 0..3 {
+            let name = resource(&format!("parked-{round}"));
+            let lock = redlock.try_lock(&name, TTL).await.expect("nodes 0 and 1");
+            let copy = lock.clone();
+            let mut parked = Box::pin(redlock.unlock(&lock));
+            assert!(
+                futures::poll!(parked.as_mut()).is_pending(),
+                "round {round}: the release waits for node 2"
+            );
+            let second = tokio::time::timeout(Duration::from_secs(5), redlock.unlock(&copy)).await;
+            assert!(
+                second.is_ok(),
+                "round {round}: the second release waited on the parked one"
+            );
+            drop(parked);
+            let gone = within(Duration::from_secs(3), || cluster.nowhere(&name)).await;
+            assert!(gone, "round {round}: a key was left");
+        }
+    })
+    .await;
 }

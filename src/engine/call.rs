@@ -95,6 +95,14 @@ pub(crate) async fn call(
     // the release is made only then, and this future stays small).
     let mut take_back = false;
     loop {
+        if sends > 0
+            && let Some(mark) = mark
+        {
+            // To be sent again: a later request waits until this one
+            // settled, from now on (a kept leftover whose request is
+            // connecting again is not in its connection's queue).
+            mark.sent(None);
+        }
         if queued.take().is_some() {
             // Sent again: after the earlier requests settled.
             Box::pin(after.settled(index)).await;
@@ -230,6 +238,7 @@ pub(crate) async fn call(
                     continue;
                 }
                 if !compat
+                    && may_send_again(mark)
                     && refuses_nx_get(&error)
                     && let Some(instead) = request.compat()
                 {
@@ -262,13 +271,19 @@ pub(crate) async fn call(
                     return Err(failed(shard_of_a_cluster(&node, error)));
                 }
                 node.broken(&conn);
-                if retried {
+                if retried || !may_send_again(mark) {
                     return Err(failed(error));
                 }
                 retried = true;
             }
         }
     }
+}
+
+/// Whether a round's request may be sent again
+/// ([`Settled::may_send_again`](crate::engine::inflight::Settled::may_send_again)).
+fn may_send_again(mark: Option<&Mark>) -> bool {
+    mark.is_none_or(|mark| mark.settled.may_send_again())
 }
 
 /// What a round makes once for all its nodes' requests.

@@ -1,8 +1,8 @@
 //! A single key's acquisition leftover kept with the lock it granted
 //! ([`Deferred`]), instead of a task of its own per acquisition.
 
-use std::sync::{Mutex, MutexGuard};
-use std::task::{Context, Poll, Waker};
+use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
+use std::task::{Context, Poll, Wake, Waker};
 
 use futures::FutureExt;
 use tokio::runtime::Handle;
@@ -15,47 +15,47 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(|poison| poison.into_inner())
 }
 
-/// Whether a lock keeps its leftover at all: **off**, until the three
-/// defects an audit found against real servers are fixed (each has a test
-/// in the audit's file, kept with the notes):
-/// - a request that was not in its connection's queue at the grant (the
-///   connection broken by a node's restart, or being made) is sent only
-///   when the lock is next used: while held, the key is on the quorum
-///   alone;
-/// - a leftover first polled after the lock expired sends such a request
-///   then, and that node holds a fresh key for a whole ttl;
-/// - a round that took the leftover and is then neither polled nor
-///   dropped (a `select!` over `&mut` of an `unlock`) leaves another round
-///   on the same lock waiting, unbounded, for the leftover's requests to
-///   settle.
-///
-/// Off, every leftover goes on in a task at once, as before this pass.
-/// On, scenario 5 ran at 1.01x the floor against 0.90x
-/// (`docs/performance.md`, the eleventh pass).
-pub(crate) const KEEP_LEFTOVERS: bool = false;
+/// Whether a lock may keep its leftover at all (see [`Deferred`] for which
+/// ones do). A switch kept for measuring: off, every leftover goes on in a
+/// task at once, and scenario 5 of the benchmark runs at about 0.90x the
+/// floor's throughput against about 1.0x on (`docs/performance.md`).
+pub(crate) const KEEP_LEFTOVERS: bool = true;
 
-/// An acquisition's leftover, kept with the lock it granted instead of
-/// finished by a task at once ([`InFlight::keeping`]): only one made in a
-/// task on a multi-thread runtime ([`Deferred::new`] says why), and only a
-/// plain `SET` of one key's, which reaches its node once handed to the connection
-/// (a script may need a second send after `NOSCRIPT`, so may the form a
-/// node older than Redis 7.0 gets: theirs go on in a task at once).
+/// An acquisition's leftover (its requests still pending at the quorum),
+/// kept with the lock it granted instead of finished by a task at once
+/// ([`InFlight::keeping`]).
+///
+/// Kept only when all of these hold, else it goes on in a task at once:
+/// - it was made in a task on a multi-thread runtime ([`Deferred::new`]
+///   says why);
+/// - it is a plain `SET` of one key, which reaches its node once handed to
+///   the connection (a script may need a second send after `NOSCRIPT`, so
+///   may the form a node older than Redis 7.0 gets);
+/// - every one of its requests is already in its connection's queue, in
+///   its only form ([`Settled::all_queued`]): a request still connecting,
+///   or about to be sent again on a fresh connection, needs a task to be
+///   sent while the lock is held.
 ///
 /// The slower nodes' replies most often come in a few microseconds after
-/// the quorum's, long before the lock is next used: finished then, polled
-/// once, the leftover is most often done, and costs no task. A task of its
-/// own (a spawn, its wake-ups and its end) was a sixth of a busy
-/// lock+unlock cycle's client time (scenario 5's profile loop: 41 against
-/// 35 µs a cycle with the leftover dropped).
+/// the quorum's, long before the lock is next used: polled then, the
+/// leftover is most often done, and costs no task. A task of its own (a
+/// spawn, its wake-ups and its end) was a sixth of a busy lock+unlock
+/// cycle's client time (scenario 5's profile loop: 41 against 35 µs a
+/// cycle with the leftover dropped).
 ///
-/// It is finished when the lock is next used (the next round given the
-/// lock's [`InFlight`](crate::engine::inflight::InFlight) drives it with
-/// its own requests, see [`Deferred::take`]), when the watchdog takes it
-/// over, or when the last copy of the lock is dropped
-/// ([`Deferred::finish`]). Until then its requests, already handed to their connections,
-/// run on the nodes as they would have; what waits is their bookkeeping
-/// (a node's failure count, whether it answered), on a lock that nobody
-/// uses meanwhile.
+/// # Who polls it
+/// It stays here until done. Every round on the lock polls it while it
+/// runs ([`Deferred::drive`]); each round's requests go behind its
+/// requests on each node's connection anyway, and may wait for them to
+/// settle. Its wake-ups go to every round that polled it since the last
+/// one ([`Pollers`]), so a round that stopped being polled (a `select!`
+/// over `&mut` of an `unlock` that lost) does not hold up another: the
+/// other polls it itself. The watchdog finishes it when it takes the lock
+/// over, and so does dropping the last copy of the lock
+/// ([`Deferred::finish`]). Until then its requests, already in their
+/// connections' queues, run on the nodes as they would have; what waits
+/// is their bookkeeping (a node's failure count, whether it answered), on
+/// a lock that nobody uses meanwhile.
 ///
 /// # Worst days
 /// - **Another runtime.** The leftover's timer belongs to the round's
@@ -63,14 +63,54 @@ pub(crate) const KEEP_LEFTOVERS: bool = false;
 ///   that runtime. A runtime that shut down drops it as it is spawned
 ///   (each request then counts as settled, as when the runtime dropped a
 ///   spawned leftover).
+/// - **A connection that broke after the grant** (a node restarted): the
+///   request is sent again on a fresh connection only while its round's
+///   deadline has not passed ([`Settled::may_send_again`]). Polled later,
+///   it fails instead: a `SET` sent then would hold the key on that node
+///   for a whole ttl from then, past the lock's validity.
 /// - **Still pending** when finished (a slow node): it goes on in a task
 ///   of its own, as it did before.
 /// - **A panic** while polled drops that leftover alone.
 ///
 /// [`InFlight::keeping`]: crate::engine::inflight::InFlight::keeping
+/// [`Settled::all_queued`]: crate::engine::inflight::Settled::all_queued
+/// [`Settled::may_send_again`]: crate::engine::inflight::Settled::may_send_again
 pub(crate) struct Deferred {
     leftover: Mutex<Option<Leftover>>,
+    /// Who to wake when the leftover can make progress.
+    pollers: Arc<Pollers>,
+    /// A waker for [`pollers`](Deferred::pollers), the one the leftover is
+    /// polled with.
+    waker: Waker,
     runtime: Handle,
+}
+
+/// The wakers of the rounds that polled a kept leftover since its last
+/// wake-up: it wakes them all. Apart from [`Deferred`], which the
+/// leftover's own wakers must not keep alive (its `Drop` finishes it).
+#[derive(Default)]
+struct Pollers(Mutex<Vec<Waker>>);
+
+impl Pollers {
+    fn register(&self, waker: &Waker) {
+        let mut wakers = lock(&self.0);
+        if !wakers.iter().any(|w| w.will_wake(waker)) {
+            wakers.push(waker.clone());
+        }
+    }
+}
+
+impl Wake for Pollers {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        let wakers = std::mem::take(&mut *lock(&self.0));
+        for waker in wakers {
+            waker.wake();
+        }
+    }
 }
 
 impl Deferred {
@@ -92,8 +132,11 @@ impl Deferred {
             Ok(runtime)
                 if runtime.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread =>
             {
+                let pollers = Arc::new(Pollers::default());
                 Ok(Deferred {
                     leftover: Mutex::new(Some(leftover)),
+                    waker: Waker::from(pollers.clone()),
+                    pollers,
                     runtime,
                 })
             }
@@ -101,36 +144,54 @@ impl Deferred {
         }
     }
 
-    /// The leftover, to be driven by the caller's next round on the lock
-    /// ([`round_keeping`](crate::engine::round::round_keeping) polls it
-    /// with its own requests, which go behind it on each node's
-    /// connection): when called on the leftover's runtime. From elsewhere
-    /// it is spawned onto its runtime, and `None` comes back. Only the
-    /// first call takes it.
-    pub(crate) fn take(&self) -> Option<Leftover> {
-        let mut slot = lock(&self.leftover);
-        slot.as_ref()?;
-        let here = Handle::try_current().is_ok_and(|current| current.id() == self.runtime.id());
-        if here {
-            return slot.take();
-        }
-        drop(slot);
-        self.finish();
-        None
+    fn here(&self) -> bool {
+        Handle::try_current().is_ok_and(|current| current.id() == self.runtime.id())
     }
 
-    /// Whether the leftover is still kept here (not yet taken or
-    /// finished).
+    /// Polls the leftover for a round on the lock, which `cx` wakes when
+    /// the leftover can make progress: on the leftover's runtime. From
+    /// elsewhere it is spawned onto its runtime instead
+    /// ([`finish`](Deferred::finish)). Returns whether it is still kept
+    /// here (not done, not handed to a task).
+    pub(crate) fn drive(&self, cx: &mut Context<'_>) -> bool {
+        let mut slot = match self.leftover.try_lock() {
+            Ok(slot) => slot,
+            Err(TryLockError::Poisoned(poison)) => poison.into_inner(),
+            Err(TryLockError::WouldBlock) => {
+                // Another round polls it right now: this one looks again
+                // at once (it cannot tell whether that poll saw a wake-up
+                // meant for it).
+                cx.waker().wake_by_ref();
+                return true;
+            }
+        };
+        let Some(leftover) = slot.as_mut() else {
+            return false;
+        };
+        if !self.here() {
+            drop(slot);
+            self.finish();
+            return false;
+        }
+        // Registered before the poll: a wake-up that comes during it is
+        // not lost.
+        self.pollers.register(cx.waker());
+        let mut own = Context::from_waker(&self.waker);
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            leftover.as_mut().poll(&mut own)
+        })) {
+            Ok(Poll::Pending) => true,
+            Ok(Poll::Ready(())) | Err(_) => {
+                *slot = None;
+                false
+            }
+        }
+    }
+
+    /// Whether the leftover is still kept here (not done, not handed to a
+    /// task).
     pub(crate) fn waiting(&self) -> bool {
         lock(&self.leftover).is_some()
-    }
-
-    /// Takes back a leftover that [`take`](Deferred::take) gave a round,
-    /// which was dropped before it finished it (its caller cancelled), and
-    /// finishes it ([`finish`](Deferred::finish)).
-    pub(crate) fn put_back(&self, leftover: Leftover) {
-        *lock(&self.leftover) = Some(leftover);
-        self.finish();
     }
 
     /// Polls the leftover once, on its runtime, and spawns it onto that
@@ -140,8 +201,7 @@ impl Deferred {
         let Some(mut leftover) = lock(&self.leftover).take() else {
             return;
         };
-        let here = Handle::try_current().is_ok_and(|current| current.id() == self.runtime.id());
-        if here {
+        if self.here() {
             let mut cx = Context::from_waker(Waker::noop());
             match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                 leftover.as_mut().poll(&mut cx)
@@ -150,6 +210,9 @@ impl Deferred {
                 Ok(Poll::Pending) => {}
             }
         }
+        // The rounds that polled it are woken: it is theirs no more (each
+        // waits for its requests to settle, as behind a task's).
+        self.pollers.wake_by_ref();
         self.runtime.spawn(
             std::panic::AssertUnwindSafe(leftover)
                 .catch_unwind()

@@ -47,6 +47,11 @@ pub(crate) struct Settled {
     /// Set by the round when its one timer fired: every request still on
     /// the round's deadline has timed out (see [`round`](crate::engine::round)).
     pub(crate) expired: AtomicBool,
+    /// The round's deadline (its timer's).
+    pub(crate) deadline: tokio::time::Instant,
+    /// Whether the round's leftover is kept with a lock
+    /// ([`Deferred`]): polled when the lock is next used, however late.
+    pub(crate) kept: AtomicBool,
 }
 
 /// Not handed to a connection (yet).
@@ -57,20 +62,47 @@ pub(crate) const NOT_SENT: u64 = 0;
 pub(crate) const UNORDERED: u64 = u64::MAX;
 
 impl Settled {
-    /// A round's state for `nodes` nodes, where the nodes `asked` says no
-    /// to are settled from the start (not asked).
-    pub(crate) fn new(nodes: usize, asked: impl Fn(usize) -> bool) -> Settled {
+    /// A round's state for `nodes` nodes, with its `deadline`, where the
+    /// nodes `asked` says no to are settled from the start (not asked).
+    pub(crate) fn new(
+        nodes: usize,
+        deadline: tokio::time::Instant,
+        asked: impl Fn(usize) -> bool,
+    ) -> Settled {
         Settled {
             done: (0..nodes).map(|i| AtomicBool::new(!asked(i))).collect(),
             sent: (0..nodes).map(|_| AtomicU64::new(NOT_SENT)).collect(),
             changed: Notify::new(),
             watched: AtomicBool::new(false),
             expired: AtomicBool::new(false),
+            deadline,
+            kept: AtomicBool::new(false),
         }
     }
 
     pub(crate) fn all(&self) -> bool {
         self.done.iter().all(|d| d.load(Ordering::Acquire))
+    }
+
+    /// Whether every request that has not settled is in its connection's
+    /// queue, in its only form: none is connecting, none is to be sent
+    /// again (each marks itself [`UNORDERED`] as soon as it is). Such a
+    /// request reaches its node however late its future is polled next.
+    pub(crate) fn all_queued(&self) -> bool {
+        self.done.iter().zip(self.sent.iter()).all(|(done, sent)| {
+            done.load(Ordering::Acquire)
+                || !matches!(sent.load(Ordering::Acquire), NOT_SENT | UNORDERED)
+        })
+    }
+
+    /// Whether a request of this round may be sent again (a broken
+    /// connection, a fallback form): always, but for a kept leftover's
+    /// ([`Deferred`]) once the round's deadline passed. Its future may be
+    /// polled long after the lock was granted, and a `SET` sent then
+    /// would hold the key on that node for a whole ttl from then, past the
+    /// lock's validity; a task's is polled at once, within the deadline.
+    pub(crate) fn may_send_again(&self) -> bool {
+        !self.kept.load(Ordering::Acquire) || tokio::time::Instant::now() < self.deadline
     }
 }
 
@@ -209,26 +241,38 @@ impl InFlight {
         }
     }
 
-    /// These rounds, keeping the granting round's `leftover` to be
-    /// finished when the lock is next used, or when its last copy is
-    /// dropped ([`Deferred`]); finished at once where it cannot be kept
-    /// (no runtime to finish it on later).
+    /// These rounds (the granting round's), keeping its `leftover` to be
+    /// polled when the lock is next used, or finished when its last copy
+    /// is dropped ([`Deferred`]); finished at once where it cannot be kept:
+    /// no runtime to finish it on later, or a request not yet in its
+    /// connection's queue ([`Settled::all_queued`]).
     pub(crate) fn keeping(mut self, leftover: Option<Leftover>, finishers: &Finishers) -> InFlight {
-        if let Some(leftover) = leftover {
-            match Deferred::new(leftover) {
-                Ok(deferred) => self.deferred = Some(Arc::new(deferred)),
-                Err(leftover) => finishers.finish(leftover),
+        let Some(leftover) = leftover else {
+            return self;
+        };
+        if !self.rounds().iter().all(|round| round.all_queued()) {
+            finishers.finish(leftover);
+            return self;
+        }
+        match Deferred::new(leftover) {
+            Ok(deferred) => {
+                // Before anyone polls it: its requests are sent again only
+                // within the deadline from now on.
+                for round in self.rounds() {
+                    round.kept.store(true, Ordering::Release);
+                }
+                self.deferred = Some(Arc::new(deferred));
             }
+            Err(leftover) => finishers.finish(leftover),
         }
         self
     }
 
-    /// The kept leftover, for the round that uses the lock next to drive
-    /// ([`Deferred::take`]): that round's requests may wait for its
+    /// The lock's kept leftover, for a round on the lock to poll while it
+    /// runs ([`Deferred::drive`]): that round's requests may wait for its
     /// requests to settle.
-    pub(crate) fn take_deferred(&self) -> Option<(Leftover, Arc<Deferred>)> {
-        let deferred = self.deferred.as_ref()?;
-        Some((deferred.take()?, deferred.clone()))
+    pub(crate) fn deferred(&self) -> Option<&Deferred> {
+        self.deferred.as_deref()
     }
 
     /// Finishes the kept leftover, if any ([`Deferred::finish`]), where no
@@ -359,7 +403,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_waiter_wakes_when_the_request_settles_elsewhere() {
         for round in 0..20_000u32 {
-            let settled = Arc::new(Settled::new(2, |_| true));
+            let settled = Arc::new(Settled::new(2, tokio::time::Instant::now(), |_| true));
             let in_flight = InFlight::of(settled.clone());
             let mark = Mark {
                 settled: settled.clone(),

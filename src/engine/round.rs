@@ -47,21 +47,25 @@ use crate::protocol::tally::Tally;
 #[cfg(feature = "tracing")]
 use crate::trace;
 
-/// The next outcome of a round's requests, driving `carried` (a lock's
-/// kept leftover, see [`round_keeping`]) meanwhile; once `timer` fired, the
-/// requests on the round's deadline that have no reply answer that they
-/// timed out. `None` when
-/// none is left, or when the `unheard` requests are all that is left and
-/// none of them is ready (each was polled, so sent, first).
+/// The next outcome of a round's requests, polling the lock's kept
+/// leftover meanwhile (`deferred`, see [`Deferred`]; let go of once it is
+/// done or handed to a task); once `timer` fired, the requests on the
+/// round's deadline that have no reply answer that they timed out. `None`
+/// when none is left, or when the `unheard` requests are all that is left
+/// and none of them is ready (each was polled, so sent, first).
 async fn next<F: Future + Unpin>(
     pending: &mut Fanout<F>,
     mut timer: std::pin::Pin<&mut tokio::time::Sleep>,
     settled: &Settled,
     unheard: usize,
-    carried: &mut Option<Leftover>,
+    deferred: &mut Option<&Deferred>,
 ) -> Option<F::Output> {
     std::future::poll_fn(|cx| {
-        poll_carried(carried, cx);
+        if let Some(kept) = deferred
+            && !kept.drive(cx)
+        {
+            *deferred = None;
+        }
         loop {
             let expired = settled.expired.load(std::sync::atomic::Ordering::Relaxed);
             // The requests first, the timer after: a reply that is there
@@ -86,28 +90,16 @@ async fn next<F: Future + Unpin>(
     .await
 }
 
-/// Polls a lock's kept leftover, dropping it once done. A panic in it ends
-/// it alone, as in a task of its own.
-fn poll_carried(carried: &mut Option<Leftover>, cx: &mut std::task::Context<'_>) {
-    if let Some(leftover) = carried {
-        let done = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            leftover.as_mut().poll(cx).is_ready()
-        }));
-        if done.unwrap_or(true) {
-            *carried = None;
-        }
-    }
-}
+/// A round's part in polling the lock's kept leftover ([`Deferred`]):
+/// what is left of it when the round ends, or is dropped midway (its
+/// caller cancelled), goes on in a task. A round that is neither polled
+/// nor dropped holds nothing up: another round on the lock polls it too.
+struct Polling<'a>(Option<&'a Deferred>);
 
-/// A lock's kept leftover while a round drives it, and where it was kept:
-/// a round dropped midway (its caller cancelled) gives it back there, to
-/// be finished on its own runtime ([`Deferred::put_back`]).
-struct Carried(Option<Leftover>, Option<Arc<Deferred>>);
-
-impl Drop for Carried {
+impl Drop for Polling<'_> {
     fn drop(&mut self) {
-        if let (Some(leftover), Some(from)) = (self.0.take(), &self.1) {
-            from.put_back(leftover);
+        if let Some(kept) = self.0 {
+            kept.finish();
         }
     }
 }
@@ -201,19 +193,19 @@ where
 {
     inner.warm_up().await;
     // The lock's kept leftover (its granting round's requests to the
-    // slower nodes), driven with this round's requests: each node's
+    // slower nodes), polled with this round's requests: each node's
     // request here goes behind that node's there, and may wait for it to
-    // settle. Whatever is left of it when the round ends goes on in a task.
-    let mut carried = match after.take_deferred() {
-        Some((leftover, from)) => Carried(Some(leftover), Some(from)),
-        None => Carried(None, None),
-    };
-    if carried.0.is_some() {
+    // settle. It stays with the lock: another round on it (or the last
+    // copy's drop) polls it too.
+    let mut deferred = Polling(after.deferred());
+    if let Some(kept) = deferred.0 {
         // Polled once before anything else: a request of it whose deadline
         // passed (a lock held past the node timeout) times out now, and a
         // node that did not answer it counts as silent for this round.
         std::future::poll_fn(|cx| {
-            poll_carried(&mut carried.0, cx);
+            if !kept.drive(cx) {
+                deferred.0 = None;
+            }
             Poll::Ready(())
         })
         .await;
@@ -233,7 +225,10 @@ where
         },
     };
     let timeout = request.timeout(node_timeout);
-    let settled = Arc::new(Settled::new(nodes.len(), |index| {
+    // The round's one timer: every request sent at once is bounded by it
+    // (a request that waited or was sent again has its own).
+    let deadline = tokio::time::Instant::now() + timeout;
+    let settled = Arc::new(Settled::new(nodes.len(), deadline, |index| {
         only.is_none_or(|only| only.contains(&index))
     }));
     let mut pending = Fanout::new(
@@ -261,9 +256,6 @@ where
             }),
     );
 
-    // The round's one timer: every request sent at once is bounded by it
-    // (a request that waited or was sent again has its own).
-    let deadline = tokio::time::Instant::now() + timeout;
     // Boxed, so that a leftover can take it along: a timer dropped and
     // made anew for the leftover was one more registration with the
     // runtime's timer wheel, and one more removal, in most rounds.
@@ -294,7 +286,7 @@ where
         timer.as_mut(),
         &settled,
         skippable(&tally, unheard.len()),
-        &mut carried.0,
+        &mut deferred.0,
     )
     .await
     {
@@ -324,9 +316,9 @@ where
     for index in unheard {
         tally.record(index, nodes[index].label(), Err(NodeError::Silent));
     }
-    if let Some(carried) = carried.0.take() {
-        inner.finishers.finish(carried);
-    }
+    // What is left of the lock's kept leftover goes on in a task: this
+    // round's requests left to finish may wait for it to settle.
+    drop(deferred);
     let leftover =
         match (tally.quorum_at.is_some() || until == Until::AllAnswering) && !pending.is_empty() {
             true => {
