@@ -378,32 +378,46 @@ async fn a_leftover_polled_after_expiry_sends_nothing_again() {
 }
 
 /// Node 2 answers 300 ms late. A lock is taken in a task, and its release
-/// is polled once (it polls the lock's kept leftover, whose `SET` to node
-/// 2 is still on its way) and then kept, neither polled nor dropped, as a
-/// `select!` over `&mut` leaves the branch that lost. A release of a copy
-/// of the lock must still end, within the node timeout's order: it polls
-/// the leftover itself.
+/// is polled once, as by a task that then stops (its waker wakes nothing),
+/// and kept, neither polled nor dropped (as a `select!` over `&mut`
+/// leaves the branch that lost). It polled the lock's kept leftover, whose
+/// `SET` to node 2 is still on its way. A release of a copy of the lock,
+/// polled before the parked one in some rounds and after it in others,
+/// must still end: the leftover's wake-ups reach it.
 ///
 /// Catches a round that takes the leftover for itself while it runs (the
-/// second release then waits for node 2's `SET` to settle without end).
+/// other release then waits for node 2's `SET` to settle without end, in
+/// the rounds where the parked one polled first). It does not catch a
+/// leftover polled with the last round's waker alone: here the other
+/// release's own request to node 2, queued behind the leftover's, wakes
+/// it. `Pollers` is for a request that waits for the leftover's to settle
+/// instead (one sent again on a fresh connection).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_parked_release_does_not_hold_up_another() {
     in_a_task(async move {
         let (cluster, _proxy, redlock) =
             three_with_a_slow_node(Duration::from_secs(1), Duration::from_millis(300)).await;
-        for round in 0..3 {
+        for round in 0..4 {
             let name = resource(&format!("parked-{round}"));
             let lock = redlock.try_lock(&name, TTL).await.expect("nodes 0 and 1");
             let copy = lock.clone();
             let mut parked = Box::pin(redlock.unlock(&lock));
+            let mut second = Box::pin(redlock.unlock(&copy));
+            let parked_first = round % 2 == 0;
+            if !parked_first {
+                assert!(futures::poll!(second.as_mut()).is_pending(), "round {round}");
+            }
             assert!(
-                futures::poll!(parked.as_mut()).is_pending(),
+                parked
+                    .as_mut()
+                    .poll(&mut std::task::Context::from_waker(std::task::Waker::noop()))
+                    .is_pending(),
                 "round {round}: the release waits for node 2"
             );
-            let second = tokio::time::timeout(Duration::from_secs(5), redlock.unlock(&copy)).await;
+            let second = tokio::time::timeout(Duration::from_secs(5), second).await;
             assert!(
                 second.is_ok(),
-                "round {round}: the second release waited on the parked one"
+                "round {round} (parked first: {parked_first}): the second release waited on the parked one"
             );
             drop(parked);
             let gone = within(Duration::from_secs(3), || cluster.nowhere(&name)).await;
