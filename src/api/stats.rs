@@ -33,7 +33,14 @@ pub struct Stats {
     /// timeout, an error, a connection that failed, a reply that made no
     /// sense), whether it failed before the call returned or after (a node
     /// slower than the quorum counts too). Each request counts once; the
-    /// background retries of owed releases do not count.
+    /// background retries of owed releases do not count. A lock on one
+    /// resource taken with `try_lock`, `lock` or `lock_within` from a task
+    /// on a multi-thread runtime keeps its requests to the nodes slower
+    /// than the quorum until it is next used (released, extended,
+    /// verified, fenced) or dropped: a failure of one of those counts then
+    /// (a guard's, from `acquire`, counts at once, and so does a lock's
+    /// taken from `block_on` or on a current-thread runtime, or while a
+    /// node's connection was being made).
     pub node_failures: Vec<(String, u64)>,
     /// The median acquire latency of granted calls (an upper bound, within
     /// 19 %), if any.
