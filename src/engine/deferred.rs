@@ -183,6 +183,10 @@ impl Deferred {
             Ok(Poll::Pending) => true,
             Ok(Poll::Ready(())) | Err(_) => {
                 *slot = None;
+                drop(slot);
+                // Done: the rounds' wakers are let go of (a lock kept long
+                // after its rounds would keep their tasks' cells alive).
+                lock(&self.pollers.0).clear();
                 false
             }
         }
@@ -224,5 +228,47 @@ impl Deferred {
 impl Drop for Deferred {
     fn drop(&mut self) {
         self.finish();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A waker that counts nothing: its `Arc`'s strong count tells who
+    /// still holds it.
+    struct Held;
+
+    impl Wake for Held {
+        fn wake(self: Arc<Self>) {}
+    }
+
+    /// A kept leftover done lets go of the wakers of the rounds that polled
+    /// it: a lock kept long after would keep their tasks' cells alive.
+    /// Catches the pollers' list kept past the leftover's end.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_done_leftover_lets_go_of_its_pollers() {
+        tokio::spawn(async {
+            let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+            let leftover: Leftover = Box::pin(async move {
+                let _ = rx.await;
+            });
+            let deferred = Deferred::new(leftover)
+                .ok()
+                .expect("kept in a task of a multi-thread runtime");
+            let round = Arc::new(Held);
+            let waker = Waker::from(round.clone());
+            let mut cx = Context::from_waker(&waker);
+            assert!(deferred.drive(&mut cx), "pending until the reply");
+            assert_eq!(Arc::strong_count(&round), 3, "registered once");
+            assert!(deferred.drive(&mut cx));
+            assert_eq!(Arc::strong_count(&round), 3, "not registered twice");
+            tx.send(()).unwrap();
+            assert!(!deferred.drive(&mut cx), "done");
+            assert_eq!(Arc::strong_count(&round), 2, "the round's waker let go of");
+            assert!(!deferred.waiting());
+        })
+        .await
+        .unwrap();
     }
 }
