@@ -270,6 +270,7 @@ impl Inner {
             Until::Decided,
             request,
             &InFlight::default(),
+            Some(key_expiry),
             read,
         )
         .await;

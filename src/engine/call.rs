@@ -127,6 +127,12 @@ pub(crate) async fn call(
                 }
             }
         }
+        if !on_deadline && !may_send(mark) {
+            // A wait (a connection being made, a second send) took it past
+            // what an acquisition may still send (its round's deadline,
+            // its keys' expiry): it counts as timed out.
+            return Err(failed(NodeError::Timeout));
+        }
         let sending = checked.as_ref().unwrap_or(&request);
         let once = sends == 0 && !node.is_cluster() && sending.sent_once();
         if let (Some(mark), false) = (mark, once) {
@@ -238,7 +244,6 @@ pub(crate) async fn call(
                     continue;
                 }
                 if !compat
-                    && may_send_again(mark)
                     && refuses_nx_get(&error)
                     && let Some(instead) = request.compat()
                 {
@@ -271,7 +276,7 @@ pub(crate) async fn call(
                     return Err(failed(shard_of_a_cluster(&node, error)));
                 }
                 node.broken(&conn);
-                if retried || !may_send_again(mark) {
+                if retried || !may_send(mark) {
                     return Err(failed(error));
                 }
                 retried = true;
@@ -280,10 +285,10 @@ pub(crate) async fn call(
     }
 }
 
-/// Whether a round's request may be sent again
-/// ([`Settled::may_send_again`](crate::engine::inflight::Settled::may_send_again)).
-fn may_send_again(mark: Option<&Mark>) -> bool {
-    mark.is_none_or(|mark| mark.settled.may_send_again())
+/// Whether a round's request may still be sent after a wait
+/// ([`Settled::may_send`](crate::engine::inflight::Settled::may_send)).
+fn may_send(mark: Option<&Mark>) -> bool {
+    mark.is_none_or(|mark| mark.settled.may_send())
 }
 
 /// What a round makes once for all its nodes' requests.

@@ -47,11 +47,11 @@ pub(crate) struct Settled {
     /// Set by the round when its one timer fired: every request still on
     /// the round's deadline has timed out (see [`round`](crate::engine::round)).
     pub(crate) expired: AtomicBool,
-    /// The round's deadline (its timer's).
-    pub(crate) deadline: tokio::time::Instant,
-    /// Whether the round's leftover is kept with a lock
-    /// ([`Deferred`]): polled when the lock is next used, however late.
-    pub(crate) kept: AtomicBool,
+    /// Until when a request of the round may still be sent, after a wait
+    /// (a connection being made, a second send): an acquisition's round's
+    /// deadline, or the expiry of the keys it sets if that comes first.
+    /// `None` (no limit) for every other round.
+    pub(crate) send_until: Option<std::time::Instant>,
 }
 
 /// Not handed to a connection (yet).
@@ -62,11 +62,12 @@ pub(crate) const NOT_SENT: u64 = 0;
 pub(crate) const UNORDERED: u64 = u64::MAX;
 
 impl Settled {
-    /// A round's state for `nodes` nodes, with its `deadline`, where the
-    /// nodes `asked` says no to are settled from the start (not asked).
+    /// A round's state for `nodes` nodes, whose requests may be sent until
+    /// `send_until`, where the nodes `asked` says no to are settled from
+    /// the start (not asked).
     pub(crate) fn new(
         nodes: usize,
-        deadline: tokio::time::Instant,
+        send_until: Option<std::time::Instant>,
         asked: impl Fn(usize) -> bool,
     ) -> Settled {
         Settled {
@@ -75,8 +76,7 @@ impl Settled {
             changed: Notify::new(),
             watched: AtomicBool::new(false),
             expired: AtomicBool::new(false),
-            deadline,
-            kept: AtomicBool::new(false),
+            send_until,
         }
     }
 
@@ -95,14 +95,18 @@ impl Settled {
         })
     }
 
-    /// Whether a request of this round may be sent again (a broken
-    /// connection, a fallback form): always, but for a kept leftover's
-    /// ([`Deferred`]) once the round's deadline passed. Its future may be
-    /// polled long after the lock was granted, and a `SET` sent then
-    /// would hold the key on that node for a whole ttl from then, past the
-    /// lock's validity; a task's is polled at once, within the deadline.
-    pub(crate) fn may_send_again(&self) -> bool {
-        !self.kept.load(Ordering::Acquire) || tokio::time::Instant::now() < self.deadline
+    /// Whether a request of this round may still be sent, after a wait
+    /// (a connection being made, a broken connection, a fallback form):
+    /// an acquisition's not once its round's deadline passed, or the keys
+    /// it sets expired. A `SET` sent later would hold the key on that
+    /// node for a whole ttl from then: past the lock's validity, or set
+    /// afresh after the lock expired. A lock's kept leftover
+    /// ([`Deferred`]) is polled whenever the lock is next used, and a
+    /// task's request may wait for a connection up to the connect timeout:
+    /// neither may send then.
+    pub(crate) fn may_send(&self) -> bool {
+        self.send_until
+            .is_none_or(|until| std::time::Instant::now() < until)
     }
 }
 
@@ -255,14 +259,7 @@ impl InFlight {
             return self;
         }
         match Deferred::new(leftover) {
-            Ok(deferred) => {
-                // Before anyone polls it: its requests are sent again only
-                // within the deadline from now on.
-                for round in self.rounds() {
-                    round.kept.store(true, Ordering::Release);
-                }
-                self.deferred = Some(Arc::new(deferred));
-            }
+            Ok(deferred) => self.deferred = Some(Arc::new(deferred)),
             Err(leftover) => finishers.finish(leftover),
         }
         self
@@ -403,7 +400,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_waiter_wakes_when_the_request_settles_elsewhere() {
         for round in 0..20_000u32 {
-            let settled = Arc::new(Settled::new(2, tokio::time::Instant::now(), |_| true));
+            let settled = Arc::new(Settled::new(2, None, |_| true));
             let in_flight = InFlight::of(settled.clone());
             let mark = Mark {
                 settled: settled.clone(),

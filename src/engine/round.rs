@@ -164,7 +164,8 @@ pub(crate) async fn round<F>(
 where
     F: Fn(&Value) -> Result<Reply, String>,
 {
-    let (round, leftover) = round_keeping(inner, only, ask, until, request, after, read).await;
+    let (round, leftover) =
+        round_keeping(inner, only, ask, until, request, after, None, read).await;
     if let Some(leftover) = leftover {
         inner.finishers.finish(leftover);
     }
@@ -177,8 +178,13 @@ where
 /// that the leftover is finished (polled to its end): a later request on
 /// a node waits for that node's pending request to settle.
 ///
+/// An acquisition gives the expiry of the keys it sets (`expiry`): no
+/// request of it is sent past that, nor past the round's deadline, after a
+/// wait ([`Settled::may_send`]).
+///
 /// # Cancel safety
 /// As [`round`].
+#[allow(clippy::too_many_arguments)]
 pub(crate) async fn round_keeping<F>(
     inner: &Inner,
     only: Option<&[usize]>,
@@ -186,6 +192,7 @@ pub(crate) async fn round_keeping<F>(
     until: Until,
     request: Request,
     after: &InFlight,
+    expiry: Option<std::time::Instant>,
     read: F,
 ) -> (Round, Option<Leftover>)
 where
@@ -228,7 +235,8 @@ where
     // The round's one timer: every request sent at once is bounded by it
     // (a request that waited or was sent again has its own).
     let deadline = tokio::time::Instant::now() + timeout;
-    let settled = Arc::new(Settled::new(nodes.len(), deadline, |index| {
+    let send_until = expiry.map(|expiry| expiry.min(deadline.into_std()));
+    let settled = Arc::new(Settled::new(nodes.len(), send_until, |index| {
         only.is_none_or(|only| only.contains(&index))
     }));
     let mut pending = Fanout::new(
