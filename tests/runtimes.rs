@@ -227,3 +227,68 @@ fn a_manager_works_on_a_second_runtime_from_its_first_call() {
         "first call on the second runtime: {outcome:?}"
     );
 }
+
+/// A lock taken in `block_on` of a current-thread runtime that stays alive
+/// but is not driven afterwards, with node 2's `SET` still pending at the
+/// grant (left on that runtime, with the connection it rides), is released
+/// from another runtime: the release ends, on nodes 0 and 1, with node 2
+/// timed out (the wait for its `SET` to settle is bounded), and a second
+/// release, once the first runtime ran again, clears node 2.
+///
+/// Catches the release's wait for the earlier requests without a bound:
+/// it never ended (new users hit it in two passes, 2 in 5 runs with every
+/// node healthy).
+#[test]
+fn a_lock_taken_on_an_idle_current_thread_runtime_is_released_from_another() {
+    use redlock_harness::proxy::{Fault, Proxy};
+    let mut cluster = Cluster::start(3);
+    let other = multi_thread();
+    let proxy = other.block_on(Proxy::to_port(cluster.node(2).port()));
+    let mut urls = cluster.urls()[..2].to_vec();
+    urls.push(proxy.url());
+    let redlock = Redlock::builder(urls.iter().map(String::as_str))
+        .retry_count(0)
+        .build()
+        .expect("valid");
+    let idle = current_thread();
+    idle.block_on(redlock_harness::warm(&redlock));
+    proxy.set(Fault::Latency(Duration::from_millis(5)));
+    for round in 0..3 {
+        let name = resource(&format!("idle-runtime-{round}"));
+        let lock = idle
+            .block_on(redlock.try_lock(&name, TTL))
+            .expect("nodes 0 and 1");
+        // `idle` is not driven from here: node 2's `SET` waits there.
+        let started = Instant::now();
+        let released = other
+            .block_on(async {
+                tokio::time::timeout(Duration::from_secs(20), redlock.unlock(&lock)).await
+            })
+            .unwrap_or_else(|_| panic!("round {round}: the release never ended"));
+        assert!(
+            matches!(released, Ok(n) if n >= 2),
+            "round {round}: {released:?} after {:?}",
+            started.elapsed()
+        );
+        assert!(
+            !cluster.exists_on(0, &name) && !cluster.exists_on(1, &name),
+            "round {round}: released on nodes 0 and 1"
+        );
+        // The first runtime runs again: node 2's `SET` lands, and a second
+        // release, behind it, clears it.
+        idle.block_on(async { tokio::time::sleep(Duration::from_millis(500)).await });
+        let again = other.block_on(async {
+            tokio::time::timeout(Duration::from_secs(20), redlock.unlock(&lock)).await
+        });
+        assert!(
+            again.is_ok(),
+            "round {round}: the second release never ended"
+        );
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !cluster.nowhere(&name) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert!(cluster.nowhere(&name), "round {round}: a key was left");
+    }
+    proxy.set(Fault::NONE);
+}

@@ -105,7 +105,7 @@ pub(crate) async fn call(
         }
         if queued.take().is_some() {
             // Sent again: after the earlier requests settled.
-            Box::pin(after.settled(index)).await;
+            earlier_settled(&node, &after, index, timeout).await?;
         }
         // On the round's deadline: the first send, made at once (no
         // connection to make, nothing to wait for).
@@ -122,7 +122,7 @@ pub(crate) async fn call(
                 Some(unsettled) if !node.is_cluster() => queued = Some((conn.epoch, unsettled)),
                 _ => {
                     on_deadline = false;
-                    Box::pin(after.settled(index)).await;
+                    earlier_settled(&node, &after, index, timeout).await?;
                     conn = node.connection().await.map_err(failed)?;
                 }
             }
@@ -183,7 +183,7 @@ pub(crate) async fn call(
         {
             // Answered behind the earlier requests: it stands unless one of
             // them was sent again after it.
-            Box::pin(after.settled(index)).await;
+            earlier_settled(&node, &after, index, timeout).await?;
             if !after.still_behind(index, epoch, unsettled) {
                 if let Some(Ok(value)) = outcome {
                     earlier = Some(value);
@@ -282,6 +282,38 @@ pub(crate) async fn call(
                 retried = true;
             }
         }
+    }
+}
+
+/// Waits until the node's earlier requests on the lock (`after`) settled,
+/// within a bound: twice what one of them may take when its runtime runs
+/// it (a connection made and the request answered, twice over, as when
+/// sent again), at least a second. Past it, the request counts as timed
+/// out, and is not counted as the node's failure: the earlier requests'
+/// runtime does not run them (a current-thread runtime, alive but not
+/// driven, where the lock was taken), and a release waiting for them
+/// would wait as long, without end when that runtime never runs again.
+/// The request is then not sent (or, queued behind them already, its
+/// answer not taken): the earlier requests may still run on the node
+/// after it, though an acquisition's is never sent again that late
+/// ([`Settled::may_send`](crate::engine::inflight::Settled::may_send)).
+async fn earlier_settled(
+    node: &Node,
+    after: &InFlight,
+    index: usize,
+    timeout: Duration,
+) -> Result<(), NodeError> {
+    if after.settled_now(index) {
+        return Ok(());
+    }
+    let (_, connect) = node.dial();
+    let bound = connect
+        .saturating_add(timeout)
+        .saturating_mul(4)
+        .max(Duration::from_secs(1));
+    match tokio::time::timeout(bound, Box::pin(after.settled(index))).await {
+        Ok(()) => Ok(()),
+        Err(_) => Err(NodeError::Timeout),
     }
 }
 
