@@ -65,16 +65,17 @@ pub(crate) const KEEP_LEFTOVERS: bool = true;
 ///   spawned leftover).
 /// - **A connection that broke after the grant** (a node restarted): the
 ///   request is sent again on a fresh connection only while its round's
-///   deadline has not passed ([`Settled::may_send_again`]). Polled later,
-///   it fails instead: a `SET` sent then would hold the key on that node
-///   for a whole ttl from then, past the lock's validity.
+///   deadline has not passed, nor the keys' expiry ([`Settled::may_send`]).
+///   Polled later, it fails instead: a `SET` sent then would hold the key
+///   on that node for a whole ttl from then, past the lock's validity, or
+///   afresh after it expired.
 /// - **Still pending** when finished (a slow node): it goes on in a task
 ///   of its own, as it did before.
 /// - **A panic** while polled drops that leftover alone.
 ///
 /// [`InFlight::keeping`]: crate::engine::inflight::InFlight::keeping
 /// [`Settled::all_queued`]: crate::engine::inflight::Settled::all_queued
-/// [`Settled::may_send_again`]: crate::engine::inflight::Settled::may_send_again
+/// [`Settled::may_send`]: crate::engine::inflight::Settled::may_send
 pub(crate) struct Deferred {
     leftover: Mutex<Option<Leftover>>,
     /// Who to wake when the leftover can make progress.
