@@ -138,10 +138,12 @@ impl Redlock {
     /// [`lock`](Redlock::lock)): among contenders that start together,
     /// exactly one gets the lock and the others get [`Error::Conflict`].
     /// Where too few nodes answered to tell (nodes down or slow), it also
-    /// tries a few more rounds, with random pauses of 5 ms doubling up to
-    /// about 300 ms in all, before it returns the error: with nodes down,
-    /// a failed `try_lock` takes tens to a few hundred milliseconds, not a
-    /// round trip.
+    /// tries up to six more rounds, with random pauses of up to 5 ms
+    /// doubling each time (315 ms at most in all), before it returns the
+    /// error. Each round waits up to the node timeout for the nodes that do
+    /// not answer: with nodes paused, a failed `try_lock` takes up to about
+    /// 0.7 s with the default 50 ms node timeout (more on a busy machine);
+    /// with nodes down (refusing connections), tens of milliseconds.
     ///
     /// # Errors
     /// As [`lock`](Redlock::lock), without the retries.
