@@ -143,7 +143,8 @@ impl Redlock {
     /// error. Each round waits up to the node timeout for the nodes that do
     /// not answer: with nodes paused, a failed `try_lock` takes up to about
     /// 0.7 s with the default 50 ms node timeout (more on a busy machine);
-    /// with nodes down (refusing connections), tens of milliseconds.
+    /// with nodes down (refusing connections), about the pauses: up to
+    /// about 300 ms.
     ///
     /// # Errors
     /// As [`lock`](Redlock::lock), without the retries.
