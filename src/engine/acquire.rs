@@ -270,7 +270,7 @@ impl Inner {
             Until::Decided,
             request,
             &InFlight::default(),
-            Some(key_expiry),
+            round::SendBy::Deadline(Some(key_expiry)),
             read,
         )
         .await;

@@ -182,9 +182,13 @@ pub(crate) async fn call(
             && outcome.as_ref().is_some_and(|o| o.is_ok())
         {
             // Answered behind the earlier requests: it stands unless one of
-            // them was sent again after it.
-            earlier_settled(&node, &after, index, timeout).await?;
+            // them was sent again after it. Past the wait's bound it stands
+            // too, if none was sent again so far: one that writes the lock's
+            // keys is past its cutoff by then, and is not sent again
+            // ([`Settled::may_send`]).
+            let waited = earlier_settled(&node, &after, index, timeout).await;
             if !after.still_behind(index, epoch, unsettled) {
+                waited?;
                 if let Some(Ok(value)) = outcome {
                     earlier = Some(value);
                 }

@@ -42,16 +42,24 @@ impl Inner {
             .durable(self.config.durability);
         let start = Instant::now();
         let after = self.extensions.behind(&lock.token, &lock.in_flight);
-        let Round { tally, in_flight } = round::round(
+        // Not sent after a wait past the round's deadline or the lock's
+        // expiry: its heal would set the keys again after the lock lapsed,
+        // or after a release that stopped waiting for it.
+        let send_by = round::SendBy::Deadline((!lock.adopted).then_some(lock.expires_at));
+        let (Round { tally, in_flight }, leftover) = round::round_keeping(
             self,
             None,
             Ask::Owned,
             Until::Decided,
             request,
             &after,
+            send_by,
             extend::read(&self.generation),
         )
         .await;
+        if let Some(leftover) = leftover {
+            self.finishers.finish(leftover);
+        }
         // Every handle of the lock goes behind this round from now on, not
         // only the one returned (see `Extensions`).
         self.extensions.record(&lock.token, &in_flight);

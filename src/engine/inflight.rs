@@ -48,9 +48,10 @@ pub(crate) struct Settled {
     /// the round's deadline has timed out (see [`round`](crate::engine::round)).
     pub(crate) expired: AtomicBool,
     /// Until when a request of the round may still be sent, after a wait
-    /// (a connection being made, a second send): an acquisition's round's
-    /// deadline, or the expiry of the keys it sets if that comes first.
-    /// `None` (no limit) for every other round.
+    /// (a connection being made, a second send): for a round that writes
+    /// the lock's keys, its deadline, or the keys' expiry if that comes
+    /// first ([`SendBy`](crate::engine::round::SendBy)). `None` (no
+    /// limit) for every other round.
     pub(crate) send_until: Option<std::time::Instant>,
 }
 
@@ -97,8 +98,8 @@ impl Settled {
 
     /// Whether a request of this round may still be sent, after a wait
     /// (a connection being made, a broken connection, a fallback form):
-    /// an acquisition's not once its round's deadline passed, or the keys
-    /// it sets expired. A `SET` sent later would hold the key on that
+    /// one that writes the lock's keys (an acquisition, an extension) not
+    /// once its round's deadline passed, or the keys expired. A `SET` sent later would hold the key on that
     /// node for a whole ttl from then: past the lock's validity, or set
     /// afresh after the lock expired. A lock's kept leftover
     /// ([`Deferred`]) is polled whenever the lock is next used, and a

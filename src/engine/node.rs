@@ -20,9 +20,8 @@
 //!   to one second, so a node that comes back, or whose password is fixed,
 //!   is used again without a restart of the client.
 //!
-//! A caller on a runtime without its own connection uses the connection of
-//! a multi-thread runtime that is still running, if there is one (its
-//! worker threads drive it whoever sends). So the requests of a lock to a
+//! A caller on a runtime without its own connection uses that of a running
+//! multi-thread runtime, if any (its workers drive it). So the requests of a lock to a
 //! node stay on one connection when the lock is taken on one runtime and
 //! released on another: a release sent while the node hangs is queued
 //! behind the lock's `SET` there and runs after it, instead of racing it
@@ -31,8 +30,7 @@
 //! inside `block_on`.
 //!
 //! Making a connection is bounded by the connect timeout, apart from the
-//! per-request node timeout, so that a cold start under a burst of clients
-//! does not count as a slow node.
+//! node timeout: a cold start under a burst of clients is not a slow node.
 
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
@@ -347,14 +345,16 @@ impl Node {
     }
 
     /// [`connection`](Node::connection) past the cache: one attempt at a
-    /// time, on the runtime of `current`.
+    /// time (see the gate's bound), on the runtime of `current`.
     async fn connect_on(&self, current: tokio::runtime::Handle) -> Result<Conn, NodeError> {
         let runtime = current.id();
         let shared = matches!(
             current.runtime_flavor(),
             tokio::runtime::RuntimeFlavor::MultiThread
         );
-        let _gate = self.gate.lock().await;
+        // Bounded: an attempt frozen on a runtime that is not driven holds
+        // it, its timeout on that runtime's timer; past it we go ahead.
+        let _gate = tokio::time::timeout(self.connect_timeout, self.gate.lock()).await;
         // Someone else may have connected (or failed) while we waited.
         if let Some(cached) = self.cached(|| runtime) {
             return cached;

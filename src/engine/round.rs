@@ -104,6 +104,23 @@ impl Drop for Polling<'_> {
     }
 }
 
+/// Until when a round's requests may still be sent after a wait (a
+/// connection being made, the node's earlier requests on the lock, a
+/// second send): see [`Settled::may_send`].
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum SendBy {
+    /// Any time: a late request does no harm (a release, a read, a
+    /// fencing counter, which only grows).
+    Any,
+    /// The round's deadline, or the given instant if that comes first: a
+    /// request that writes the lock's keys. An acquisition's `SET`, or an
+    /// extension that sets a key found missing again (its heal), sent
+    /// later would set the key after the round decided without it: past
+    /// the lock's validity, or after a release that gave up waiting for
+    /// it (the wait for earlier requests is bounded).
+    Deadline(Option<std::time::Instant>),
+}
+
 /// How long a round listens.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Until {
@@ -165,7 +182,7 @@ where
     F: Fn(&Value) -> Result<Reply, String>,
 {
     let (round, leftover) =
-        round_keeping(inner, only, ask, until, request, after, None, read).await;
+        round_keeping(inner, only, ask, until, request, after, SendBy::Any, read).await;
     if let Some(leftover) = leftover {
         inner.finishers.finish(leftover);
     }
@@ -178,9 +195,8 @@ where
 /// that the leftover is finished (polled to its end): a later request on
 /// a node waits for that node's pending request to settle.
 ///
-/// An acquisition gives the expiry of the keys it sets (`expiry`): no
-/// request of it is sent past that, nor past the round's deadline, after a
-/// wait ([`Settled::may_send`]).
+/// `send_by` says until when a request may still be sent after a wait
+/// ([`Settled::may_send`]).
 ///
 /// # Cancel safety
 /// As [`round`].
@@ -192,7 +208,7 @@ pub(crate) async fn round_keeping<F>(
     until: Until,
     request: Request,
     after: &InFlight,
-    expiry: Option<std::time::Instant>,
+    send_by: SendBy,
     read: F,
 ) -> (Round, Option<Leftover>)
 where
@@ -235,7 +251,11 @@ where
     // The round's one timer: every request sent at once is bounded by it
     // (a request that waited or was sent again has its own).
     let deadline = tokio::time::Instant::now() + timeout;
-    let send_until = expiry.map(|expiry| expiry.min(deadline.into_std()));
+    let send_until = match send_by {
+        SendBy::Any => None,
+        SendBy::Deadline(None) => Some(deadline.into_std()),
+        SendBy::Deadline(Some(expiry)) => Some(expiry.min(deadline.into_std())),
+    };
     let settled = Arc::new(Settled::new(nodes.len(), send_until, |index| {
         only.is_none_or(|only| only.contains(&index))
     }));
