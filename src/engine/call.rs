@@ -315,7 +315,9 @@ async fn earlier_settled(
         .saturating_add(timeout)
         .saturating_mul(4)
         .max(Duration::from_secs(1));
-    match tokio::time::timeout(bound, Box::pin(after.settled(index))).await {
+    // Boxed: the timer's state, inline, took each node's request future
+    // past the allocator's per-thread cache (see round's size test).
+    match Box::pin(tokio::time::timeout(bound, after.settled(index))).await {
         Ok(()) => Ok(()),
         Err(_) => Err(NodeError::Timeout),
     }
