@@ -292,3 +292,54 @@ fn a_lock_taken_on_an_idle_current_thread_runtime_is_released_from_another() {
     }
     proxy.set(Fault::NONE);
 }
+
+/// A new runtime's first lock makes its connection to node 2 inside the
+/// round, and that connection is slow to make (its handshake's replies
+/// come 100 ms late, past the 50 ms node timeout, well within the 2 s
+/// connect timeout): the quorum of nodes 0 and 1 grants the lock, and the
+/// `SET` still goes to node 2 once connected, while the lock is held.
+///
+/// Catches a cutoff of that first send at the round's deadline (node 2
+/// then never gets the key): only a send after the node's earlier
+/// requests, or a second send, is bounded so; a first one is bounded by
+/// the connect timeout (`SendUntil::first`).
+#[test]
+fn a_first_lock_on_a_new_runtime_reaches_a_node_slow_to_connect() {
+    use redlock_harness::proxy::{Fault, Proxy};
+    let mut cluster = Cluster::start(3);
+    let proxies = multi_thread();
+    let proxy = proxies.block_on(Proxy::to_port(cluster.node(2).port()));
+    let mut urls = cluster.urls()[..2].to_vec();
+    urls.push(proxy.url());
+    let redlock = Redlock::builder(urls.iter().map(String::as_str))
+        .node_timeout(Duration::from_millis(50))
+        .connect_timeout(Duration::from_secs(2))
+        .retry_count(0)
+        .build()
+        .expect("valid");
+    for round in 0..3 {
+        // A current-thread runtime's connections are its own, and are
+        // forgotten when it shuts down: each round's runtime makes new ones.
+        let first = current_thread();
+        first.block_on(redlock_harness::warm(&redlock));
+        drop(first);
+        proxy.set(Fault::Latency(Duration::from_millis(100)));
+        let fresh = current_thread();
+        let name = resource(&format!("slow-connect-{round}"));
+        let lock = fresh
+            .block_on(redlock.try_lock(&name, TTL))
+            .expect("nodes 0 and 1");
+        let reached = fresh.block_on(async {
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while !cluster.exists_on(2, &name) && Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            cluster.exists_on(2, &name)
+        });
+        assert!(reached, "round {round}: the held lock never reached node 2");
+        proxy.set(Fault::NONE);
+        let released = fresh.block_on(redlock.unlock(&lock));
+        assert!(released.is_ok(), "round {round}: {released:?}");
+        assert!(cluster.nowhere(&name), "round {round}: a key was left");
+    }
+}

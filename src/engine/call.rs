@@ -61,6 +61,8 @@ pub(crate) async fn call(
     let mut behind = !after.settled_now(index);
     let mut sends = 0u32;
     let mut retried = false;
+    // Whether it waited for the node's earlier requests to settle.
+    let mut waited = false;
     let mut request = request;
     // The round's `EVALSHA`, while `request` is the round's script.
     let mut evalsha = evalsha;
@@ -122,12 +124,13 @@ pub(crate) async fn call(
                 Some(unsettled) if !node.is_cluster() => queued = Some((conn.epoch, unsettled)),
                 _ => {
                     on_deadline = false;
+                    waited = true;
                     earlier_settled(&node, &after, index, timeout).await?;
                     conn = node.connection().await.map_err(failed)?;
                 }
             }
         }
-        if !on_deadline && !may_send(mark) {
+        if !on_deadline && !may_send(mark, sends > 0 || waited) {
             // A wait (a connection being made, a second send) took it past
             // what an acquisition may still send (its round's deadline,
             // its keys' expiry): it counts as timed out.
@@ -280,7 +283,7 @@ pub(crate) async fn call(
                     return Err(failed(shard_of_a_cluster(&node, error)));
                 }
                 node.broken(&conn);
-                if retried || !may_send(mark) {
+                if retried || !may_send(mark, true) {
                     return Err(failed(error));
                 }
                 retried = true;
@@ -325,8 +328,8 @@ async fn earlier_settled(
 
 /// Whether a round's request may still be sent after a wait
 /// ([`Settled::may_send`](crate::engine::inflight::Settled::may_send)).
-fn may_send(mark: Option<&Mark>) -> bool {
-    mark.is_none_or(|mark| mark.settled.may_send())
+fn may_send(mark: Option<&Mark>, again: bool) -> bool {
+    mark.is_none_or(|mark| mark.settled.may_send(again))
 }
 
 /// What a round makes once for all its nodes' requests.

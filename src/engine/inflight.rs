@@ -48,11 +48,27 @@ pub(crate) struct Settled {
     /// the round's deadline has timed out (see [`round`](crate::engine::round)).
     pub(crate) expired: AtomicBool,
     /// Until when a request of the round may still be sent, after a wait
-    /// (a connection being made, a second send): for a round that writes
-    /// the lock's keys, its deadline, or the keys' expiry if that comes
-    /// first ([`SendBy`](crate::engine::round::SendBy)). `None` (no
-    /// limit) for every other round.
-    pub(crate) send_until: Option<std::time::Instant>,
+    /// ([`SendUntil`]): `None` (no limit) but for a round that writes the
+    /// lock's keys ([`SendBy`](crate::engine::round::SendBy)).
+    pub(crate) send_until: Option<SendUntil>,
+}
+
+/// Until when a request of a round that writes the lock's keys may still
+/// be sent after a wait ([`Settled::may_send`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct SendUntil {
+    /// A first send that waited only for its connection to be made: until
+    /// the connect timeout plus the request's timeout past the round's
+    /// start, or the keys' expiry if that comes first. A new runtime's
+    /// first request to a node makes its connection inside the round (a
+    /// TLS handshake on a busy machine may outlast the node timeout), and
+    /// is sent then; one whose connection was left to a runtime that is
+    /// not driven, and made when it runs again, is not.
+    pub(crate) first: std::time::Instant,
+    /// A send after the node's earlier requests on the lock settled, or a
+    /// second send: until the round's deadline, or the keys' expiry if
+    /// that comes first.
+    pub(crate) again: std::time::Instant,
 }
 
 /// Not handed to a connection (yet).
@@ -68,7 +84,7 @@ impl Settled {
     /// the start (not asked).
     pub(crate) fn new(
         nodes: usize,
-        send_until: Option<std::time::Instant>,
+        send_until: Option<SendUntil>,
         asked: impl Fn(usize) -> bool,
     ) -> Settled {
         Settled {
@@ -96,18 +112,26 @@ impl Settled {
         })
     }
 
-    /// Whether a request of this round may still be sent, after a wait
-    /// (a connection being made, a broken connection, a fallback form):
-    /// one that writes the lock's keys (an acquisition, an extension) not
-    /// once its round's deadline passed, or the keys expired. A `SET` sent later would hold the key on that
-    /// node for a whole ttl from then: past the lock's validity, or set
-    /// afresh after the lock expired. A lock's kept leftover
-    /// ([`Deferred`]) is polled whenever the lock is next used, and a
-    /// task's request may wait for a connection up to the connect timeout:
-    /// neither may send then.
-    pub(crate) fn may_send(&self) -> bool {
-        self.send_until
-            .is_none_or(|until| std::time::Instant::now() < until)
+    /// Whether a request of this round may still be sent after a wait
+    /// (`again`: after the node's earlier requests settled, or a second
+    /// send on a fresh connection or in a fallback form; else a first send
+    /// that waited for its connection): one that writes the lock's keys
+    /// (an acquisition, an extension that heals) not past its
+    /// [`SendUntil`]. A `SET` sent later would hold the key on that node
+    /// for a whole ttl from then: past the lock's validity, set afresh
+    /// after the lock expired, or after a release that stopped waiting
+    /// for it (that wait is bounded). A lock's kept leftover ([`Deferred`])
+    /// is polled whenever the lock is next used, and a request may wait
+    /// for a connection up to the connect timeout: neither sends then.
+    pub(crate) fn may_send(&self, again: bool) -> bool {
+        let Some(until) = self.send_until else {
+            return true;
+        };
+        let until = match again {
+            true => until.again,
+            false => until.first,
+        };
+        std::time::Instant::now() < until
     }
 }
 

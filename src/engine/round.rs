@@ -37,7 +37,7 @@ use crate::engine::deferred::Deferred;
 use crate::engine::fanout::Fanout;
 use crate::engine::finisher::Leftover;
 pub(crate) use crate::engine::inflight::InFlight;
-use crate::engine::inflight::{Mark, Settled};
+use crate::engine::inflight::{Mark, SendUntil, Settled};
 use crate::engine::send;
 use crate::protocol::error::NodeError;
 use crate::protocol::quorum::{Ask, Reply};
@@ -112,8 +112,10 @@ pub(crate) enum SendBy {
     /// Any time: a late request does no harm (a release, a read, a
     /// fencing counter, which only grows).
     Any,
-    /// The round's deadline, or the given instant if that comes first: a
-    /// request that writes the lock's keys. An acquisition's `SET`, or an
+    /// The round's deadline, or the given instant (the keys' expiry) if
+    /// that comes first; a first send that waited only for its connection,
+    /// the connect timeout later ([`SendUntil`]): a request that writes
+    /// the lock's keys. An acquisition's `SET`, or an
     /// extension that sets a key found missing again (its heal), sent
     /// later would set the key after the round decided without it: past
     /// the lock's validity, or after a release that gave up waiting for
@@ -253,8 +255,14 @@ where
     let deadline = tokio::time::Instant::now() + timeout;
     let send_until = match send_by {
         SendBy::Any => None,
-        SendBy::Deadline(None) => Some(deadline.into_std()),
-        SendBy::Deadline(Some(expiry)) => Some(expiry.min(deadline.into_std())),
+        SendBy::Deadline(expiry) => {
+            let connected = deadline.into_std() + inner.config.connect_timeout;
+            let sooner = |at: std::time::Instant| expiry.map_or(at, |e| e.min(at));
+            Some(SendUntil {
+                first: sooner(connected),
+                again: sooner(deadline.into_std()),
+            })
+        }
     };
     let settled = Arc::new(Settled::new(nodes.len(), send_until, |index| {
         only.is_none_or(|only| only.contains(&index))
