@@ -303,3 +303,29 @@ async fn two_databases_of_one_server_are_a_duplicate() {
     ];
     refused_as_duplicate(&urls, &urls).await;
 }
+
+/// The largest connect timeout the builder takes is used without an
+/// overflow: a lock is taken, extended and released (a round of a request
+/// that writes the keys works out until when it may send from it).
+///
+/// Catches `Instant + connect_timeout` unchecked (it panicked).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_largest_connect_timeout_does_not_overflow() {
+    let cluster = Cluster::start(3);
+    let redlock = cluster
+        .builder()
+        .connect_timeout(Duration::MAX)
+        .build()
+        .expect("valid");
+    let name = resource("largest-connect-timeout");
+    let lock = redlock
+        .try_lock(&name, Duration::from_secs(5))
+        .await
+        .expect("granted");
+    let lock = redlock
+        .extend(&lock, Duration::from_secs(5))
+        .await
+        .expect("extended");
+    assert_eq!(redlock.unlock(&lock).await.ok(), Some(3));
+    assert!(cluster.nowhere(&name));
+}

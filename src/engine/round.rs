@@ -256,7 +256,8 @@ where
     let send_until = match send_by {
         SendBy::Any => None,
         SendBy::Deadline(expiry) => {
-            let connected = deadline.into_std() + inner.config.connect_timeout;
+            let connected =
+                crate::protocol::timing::after(deadline.into_std(), inner.config.connect_timeout);
             let sooner = |at: std::time::Instant| expiry.map_or(at, |e| e.min(at));
             Some(SendUntil {
                 first: sooner(connected),
