@@ -329,3 +329,24 @@ async fn the_largest_connect_timeout_does_not_overflow() {
     assert_eq!(redlock.unlock(&lock).await.ok(), Some(3));
     assert!(cluster.nowhere(&name));
 }
+
+/// The largest node timeout the builder takes is used without an
+/// overflow: a lock is taken and released (a round's deadline is checked).
+///
+/// Catches `Instant + node_timeout` unchecked in the round (it panicked).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_largest_node_timeout_does_not_overflow() {
+    let cluster = Cluster::start(3);
+    let redlock = cluster
+        .builder()
+        .node_timeout(Duration::MAX)
+        .build()
+        .expect("valid");
+    let name = resource("largest-node-timeout");
+    let lock = redlock
+        .try_lock(&name, Duration::from_secs(5))
+        .await
+        .expect("granted");
+    assert_eq!(redlock.unlock(&lock).await.ok(), Some(3));
+    assert!(cluster.nowhere(&name));
+}

@@ -270,7 +270,9 @@ impl Inner {
             Until::Decided,
             request,
             &InFlight::default(),
-            round::SendBy::Deadline(Some(key_expiry)),
+            // From the round's start, after the warm-up (the lock's own
+            // validity counts from there too).
+            round::SendBy::Deadline(Some(ttl.key_expiry(start))),
             read,
         )
         .await;

@@ -130,10 +130,19 @@ pub(crate) async fn call(
                 }
             }
         }
-        if !on_deadline && !may_send(mark, sends > 0 || waited) {
+        // A send again on a fresh connection, after a broken one, has the
+        // first send's bound: the first never reached the node.
+        let again = waited || (sends > 0 && !(retried && sends == 1));
+        if !on_deadline && !may_send(mark, again) {
             // A wait (a connection being made, a second send) took it past
-            // what an acquisition may still send (its round's deadline,
-            // its keys' expiry): it counts as timed out.
+            // what a request that writes the lock's keys may still send (its
+            // round's deadline, its keys' expiry): it counts as timed out.
+            if std::mem::take(&mut take_back)
+                && let Some(back) = acquire::taken_back(&request)
+            {
+                // The guarded pipeline's `SET` took: taken back, as below.
+                Box::pin(take_back_key(&node, &back, timeout, &mut conn.conn)).await;
+            }
             return Err(failed(NodeError::Timeout));
         }
         let sending = checked.as_ref().unwrap_or(&request);
@@ -283,7 +292,7 @@ pub(crate) async fn call(
                     return Err(failed(shard_of_a_cluster(&node, error)));
                 }
                 node.broken(&conn);
-                if retried || !may_send(mark, true) {
+                if retried || !may_send(mark, false) {
                     return Err(failed(error));
                 }
                 retried = true;

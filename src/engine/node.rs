@@ -352,9 +352,11 @@ impl Node {
             current.runtime_flavor(),
             tokio::runtime::RuntimeFlavor::MultiThread
         );
-        // Bounded: an attempt frozen on a runtime that is not driven holds
-        // it, its timeout on that runtime's timer; past it we go ahead.
-        let _gate = tokio::time::timeout(self.connect_timeout, self.gate.lock()).await;
+        // Bounded (an attempt frozen on a runtime that is not driven holds
+        // it): past it, this attempt fails rather than race the holder's.
+        let Ok(_gate) = tokio::time::timeout(self.connect_timeout, self.gate.lock()).await else {
+            return Err(NodeError::Timeout);
+        };
         // Someone else may have connected (or failed) while we waited.
         if let Some(cached) = self.cached(|| runtime) {
             return cached;

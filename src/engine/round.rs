@@ -252,7 +252,11 @@ where
     let timeout = request.timeout(node_timeout);
     // The round's one timer: every request sent at once is bounded by it
     // (a request that waited or was sent again has its own).
-    let deadline = tokio::time::Instant::now() + timeout;
+    // Checked: the builder takes any node timeout.
+    let now = tokio::time::Instant::now();
+    let deadline = now
+        .checked_add(timeout)
+        .unwrap_or_else(|| now + std::time::Duration::from_secs(86_400 * 365 * 30));
     let send_until = match send_by {
         SendBy::Any => None,
         SendBy::Deadline(expiry) => {
