@@ -345,18 +345,16 @@ impl Node {
     }
 
     /// [`connection`](Node::connection) past the cache: one attempt at a
-    /// time (see the gate's bound), on the runtime of `current`.
+    /// time, on the runtime of `current`. The gate's wait is bounded (a
+    /// frozen runtime's attempt holds it): then this fails, not races it.
     async fn connect_on(&self, current: tokio::runtime::Handle) -> Result<Conn, NodeError> {
         let runtime = current.id();
         let shared = matches!(
             current.runtime_flavor(),
             tokio::runtime::RuntimeFlavor::MultiThread
         );
-        // Bounded (an attempt frozen on a runtime that is not driven holds
-        // it): past it, this attempt fails rather than race the holder's.
-        let Ok(_gate) = tokio::time::timeout(self.connect_timeout, self.gate.lock()).await else {
-            return Err(NodeError::Timeout);
-        };
+        let gate = tokio::time::timeout(self.connect_timeout, self.gate.lock());
+        let _gate = gate.await.map_err(|_| NodeError::Timeout)?;
         // Someone else may have connected (or failed) while we waited.
         if let Some(cached) = self.cached(|| runtime) {
             return cached;
