@@ -346,15 +346,14 @@ impl Node {
 
     /// [`connection`](Node::connection) past the cache: one attempt at a
     /// time, on the runtime of `current`. The gate's wait is bounded (a
-    /// frozen runtime's attempt holds it): then this fails, not races it.
+    /// frozen runtime's attempt holds it): past it, this one goes ahead.
     async fn connect_on(&self, current: tokio::runtime::Handle) -> Result<Conn, NodeError> {
         let runtime = current.id();
         let shared = matches!(
             current.runtime_flavor(),
             tokio::runtime::RuntimeFlavor::MultiThread
         );
-        let gate = tokio::time::timeout(self.connect_timeout, self.gate.lock());
-        let _gate = gate.await.map_err(|_| NodeError::Timeout)?;
+        let _gate = tokio::time::timeout(self.connect_timeout, self.gate.lock()).await;
         // Someone else may have connected (or failed) while we waited.
         if let Some(cached) = self.cached(|| runtime) {
             return cached;

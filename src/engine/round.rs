@@ -260,8 +260,11 @@ where
     let send_until = match send_by {
         SendBy::Any => None,
         SendBy::Deadline(expiry) => {
-            let connected =
-                crate::protocol::timing::after(deadline.into_std(), inner.config.connect_timeout);
+            // The connection gate's bounded wait, then the attempt.
+            let connected = crate::protocol::timing::after(
+                deadline.into_std(),
+                inner.config.connect_timeout.saturating_mul(2),
+            );
             let sooner = |at: std::time::Instant| expiry.map_or(at, |e| e.min(at));
             Some(SendUntil {
                 first: sooner(connected),
