@@ -57,9 +57,10 @@ pub(crate) struct Settled {
 /// be sent after a wait ([`Settled::may_send`]).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct SendUntil {
-    /// A first send that waited only for its connection to be made: until
-    /// the connect timeout plus the request's timeout past the round's
-    /// start, or the keys' expiry if that comes first. A new runtime's
+    /// A first send that waited only for its connection to be made (or a
+    /// send again after a broken connection): until twice the connect
+    /// timeout (the gate's wait, then the attempt) past the round's
+    /// deadline, or the keys' expiry if that comes first. A new runtime's
     /// first request to a node makes its connection inside the round (a
     /// TLS handshake on a busy machine may outlast the node timeout), and
     /// is sent then; one whose connection was left to a runtime that is
