@@ -22,64 +22,11 @@
 use std::time::Duration;
 
 use redlock_harness::proxy::{Fault, Proxy};
+use redlock_harness::steps::{in_a_task, node_failures, three_with_a_slow_node, within};
 use redlock_harness::{Cluster, resource, warm};
 use redlock_quorum::Redlock;
 
 const TTL: Duration = Duration::from_secs(10);
-
-/// Three nodes, node 2 behind a proxy that delays it by `latency`, and a
-/// warm manager over them with `node_timeout` and no retries.
-async fn three_with_a_slow_node(
-    node_timeout: Duration,
-    latency: Duration,
-) -> (Cluster, Proxy, Redlock) {
-    let mut cluster = Cluster::start(3);
-    let proxy = Proxy::to_port(cluster.node(2).port()).await;
-    let mut urls = cluster.urls()[..2].to_vec();
-    urls.push(proxy.url());
-    let redlock = Redlock::builder(urls.iter().map(String::as_str))
-        .node_timeout(node_timeout)
-        .retry_count(0)
-        .build()
-        .unwrap();
-    warm(&redlock).await;
-    proxy.set(Fault::Latency(latency));
-    (cluster, proxy, redlock)
-}
-
-/// Runs `test` in a task of the test's multi-thread runtime: a lock keeps
-/// its leftover only when taken from a task there (a test's body runs in
-/// `block_on`, outside any task).
-async fn in_a_task(test: impl std::future::Future<Output = ()> + Send + 'static) {
-    if let Err(e) = tokio::spawn(test).await {
-        std::panic::resume_unwind(e.into_panic());
-    }
-}
-
-/// Whether `check` holds within `limit`, looked at every 10 ms without
-/// blocking the runtime's thread (a task spawned from it may be queued
-/// there, where no other worker takes it).
-async fn within(limit: Duration, check: impl Fn() -> bool) -> bool {
-    let deadline = std::time::Instant::now() + limit;
-    loop {
-        if check() {
-            return true;
-        }
-        if std::time::Instant::now() >= deadline {
-            return false;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
-fn failures(redlock: &Redlock) -> Vec<u64> {
-    redlock
-        .stats()
-        .node_failures
-        .iter()
-        .map(|(_, n)| *n)
-        .collect()
-}
 
 /// Node 2 answers 300 ms late, within the 1 s node timeout. The lock is
 /// held 1.5 s, past the leftover's deadline, before its release polls the
@@ -102,7 +49,7 @@ async fn a_reply_that_came_while_the_lock_was_held_is_an_answer() {
             assert_eq!(redlock.unlock(&lock).await.ok(), Some(3), "round {round}");
             assert!(cluster.nowhere(&name), "round {round}: a key was left");
         }
-        assert_eq!(failures(&redlock), [0, 0, 0], "{:?}", redlock.stats());
+        assert_eq!(node_failures(&redlock), [0, 0, 0], "{:?}", redlock.stats());
     })
     .await;
 }
@@ -202,7 +149,7 @@ async fn a_release_right_behind_the_grant_goes_after_the_slow_set() {
         for name in &names {
             assert!(cluster.nowhere(name), "{name} was left");
         }
-        assert_eq!(failures(&redlock), [0, 0, 0], "{:?}", redlock.stats());
+        assert_eq!(node_failures(&redlock), [0, 0, 0], "{:?}", redlock.stats());
     })
     .await;
 }
@@ -242,11 +189,11 @@ async fn a_cancelled_release_gives_the_leftover_back() {
             held.push(lock);
         }
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
-        while failures(&redlock)[2] < 3 && std::time::Instant::now() < deadline {
+        while node_failures(&redlock)[2] < 3 && std::time::Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         tokio::time::sleep(Duration::from_millis(600)).await;
-        assert_eq!(failures(&redlock), [0, 0, 3], "{:?}", redlock.stats());
+        assert_eq!(node_failures(&redlock), [0, 0, 3], "{:?}", redlock.stats());
         cluster.node(2).resume();
         for lock in &held {
             let _ = redlock.unlock(lock).await;
@@ -285,11 +232,11 @@ fn a_lock_taken_from_block_on_finishes_its_leftover_at_once() {
             .await
             .expect("nodes 0 and 1");
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
-        while failures(&redlock)[2] < 1 && std::time::Instant::now() < deadline {
+        while node_failures(&redlock)[2] < 1 && std::time::Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         assert_eq!(
-            failures(&redlock),
+            node_failures(&redlock),
             [0, 0, 1],
             "the held lock's request to the paused node did not count"
         );

@@ -8,31 +8,10 @@ use std::time::{Duration, Instant};
 
 use redlock_harness::proxy::{Fault, Proxy};
 use redlock_harness::runtimes::{current_thread, multi_thread};
+use redlock_harness::steps::{eventually, node_failures, step};
 use redlock_harness::{Cluster, releases_drained, resource};
 use redlock_quorum::{Error, NodeError, Redlock};
 
-const STEP: Duration = Duration::from_secs(60);
-
-async fn step<T>(what: &str, future: impl std::future::Future<Output = T>) -> T {
-    tokio::time::timeout(STEP, future)
-        .await
-        .unwrap_or_else(|_| panic!("{what}: hung (more than {STEP:?})"))
-}
-
-fn eventually(limit: Duration, check: impl Fn() -> bool) -> bool {
-    let deadline = Instant::now() + limit;
-    loop {
-        if check() {
-            return true;
-        }
-        if Instant::now() > deadline {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-/// Per-node count of `Timeout` failures in an error.
 fn timeouts(err: &Error) -> Vec<String> {
     match err {
         Error::NoQuorum { failures, .. } => failures
@@ -43,16 +22,6 @@ fn timeouts(err: &Error) -> Vec<String> {
         _ => vec![],
     }
 }
-
-fn failures(redlock: &Redlock) -> Vec<u64> {
-    redlock
-        .stats()
-        .node_failures
-        .iter()
-        .map(|(_, n)| *n)
-        .collect()
-}
-
 async fn proxies(cluster: &mut Cluster, latency: Duration) -> Vec<Proxy> {
     let mut out = Vec::new();
     for i in 0..cluster.len() {
@@ -113,10 +82,10 @@ fn cold_start_64_tasks_slow_connect() {
     eprintln!(
         "cold64: {} of 64 failed, {gate_timeouts} node timeouts; failures {:?}",
         failed.len(),
-        failures(&redlock)
+        node_failures(&redlock)
     );
     assert!(failed.is_empty(), "failed: {failed:#?}");
-    let before = failures(&redlock);
+    let before = node_failures(&redlock);
     for i in 0..20 {
         let name = resource(&format!("cold64-after-{i}"));
         let lock = rt
@@ -131,7 +100,7 @@ fn cold_start_64_tasks_slow_connect() {
             3
         );
     }
-    assert_eq!(failures(&redlock), before, "node failures grew after");
+    assert_eq!(node_failures(&redlock), before, "node failures grew after");
     assert!(cluster.left_of(&names).is_empty());
 }
 
@@ -213,7 +182,7 @@ fn several_runtimes(n: usize, latency: Duration) {
                 if t == 0 {
                     eprintln!(
                         "after the first locks: node failures {:?}",
-                        failures(&redlock)
+                        node_failures(&redlock)
                     );
                 }
                 barrier.wait();
@@ -245,7 +214,7 @@ fn several_runtimes(n: usize, latency: Duration) {
     for (_, line) in report.iter() {
         eprintln!("{line}");
     }
-    eprintln!("node failures {:?}", failures(&redlock));
+    eprintln!("node failures {:?}", node_failures(&redlock));
     let bad: Vec<_> = report
         .iter()
         .filter(|(ok, _)| !ok)
@@ -260,9 +229,9 @@ fn several_runtimes(n: usize, latency: Duration) {
     // queued behind other runtimes' connects: [6, 6, 6] here for 8 runtimes
     // at 200 ms; [0, 0, 0] with the gate's pre-e53110f line).
     assert!(
-        failures(&redlock).iter().all(|&n| n == 0),
+        node_failures(&redlock).iter().all(|&n| n == 0),
         "node failures on a cold start whose connects all succeed in time: {:?}",
-        failures(&redlock)
+        node_failures(&redlock)
     );
 }
 
@@ -311,14 +280,14 @@ fn an_idle_runtimes_connect_attempt_and_another_runtime() {
                 if on2 {
                     reached += 1;
                 }
-                lines.push(format!("{i}: lock ok in {:?}, on node 2 after 2.5 s: {on2}, unlock {u:?}, failures {:?}", t.elapsed(), failures(&redlock)));
+                lines.push(format!("{i}: lock ok in {:?}, on node 2 after 2.5 s: {on2}, unlock {u:?}, failures {:?}", t.elapsed(), node_failures(&redlock)));
             }
             Err(e) => lines.push(format!("{i}: {e} in {:?}", t.elapsed())),
         }
     }
     eprintln!(
         "{lines:#?}\nfailures {:?} over {:?}",
-        failures(&redlock),
+        node_failures(&redlock),
         started.elapsed()
     );
     // Clean up: let idle run, release.
@@ -337,7 +306,7 @@ fn an_idle_runtimes_connect_attempt_and_another_runtime() {
     eprintln!(
         "after the idle runtime ran: on node 2: {}, failures {:?}",
         cluster.exists_on(2, &n),
-        failures(&redlock)
+        node_failures(&redlock)
     );
     let _ = other.block_on(step("unlock", redlock.unlock(&l)));
     assert!(
@@ -406,7 +375,7 @@ fn restart_under_a_locking_loop() {
         totals.0,
         totals.1,
         totals.2,
-        failures(&redlock)
+        node_failures(&redlock)
     );
     assert!(totals.0 > 0);
     // Locks reach every node again.
@@ -534,7 +503,7 @@ fn restart_guard_restart_leaves_nothing() {
     }
     eprintln!(
         "guard loop: ok {ok} err {err} causes {causes:?} failures {:?}",
-        failures(&redlock)
+        node_failures(&redlock)
     );
     assert!(
         rt.block_on(releases_drained(&redlock, Duration::from_secs(20))),

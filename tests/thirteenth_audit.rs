@@ -7,35 +7,11 @@ use std::time::{Duration, Instant};
 
 use redlock_harness::proxy::{Fault, Proxy};
 use redlock_harness::runtimes::{current_thread, multi_thread};
+use redlock_harness::steps::{eventually, step};
 use redlock_harness::{Cluster, releases_drained, resource, warm};
 use redlock_quorum::Redlock;
 
 const TTL: Duration = Duration::from_secs(30);
-/// The bound on any one step: a step that takes longer hung.
-const STEP: Duration = Duration::from_secs(30);
-
-/// `future` under [`STEP`], or a panic naming `what`.
-async fn step<T>(what: &str, future: impl std::future::Future<Output = T>) -> T {
-    tokio::time::timeout(STEP, future)
-        .await
-        .unwrap_or_else(|_| panic!("{what}: hung (more than {STEP:?})"))
-}
-
-/// Whether `check` holds within `limit`, looked at every 20 ms from a
-/// plain thread (no runtime's thread is blocked).
-fn eventually(limit: Duration, check: impl Fn() -> bool) -> bool {
-    let deadline = Instant::now() + limit;
-    loop {
-        if check() {
-            return true;
-        }
-        if Instant::now() > deadline {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 /// A lock on two resources (a script: its request on a node is sent again
 /// after `NOSCRIPT`, so a later request there waits for it to settle) is
 /// taken in `block_on` of a current-thread runtime with node 2 paused,

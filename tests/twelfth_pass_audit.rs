@@ -10,70 +10,14 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use redlock_harness::proxy::{Fault, Proxy};
+use redlock_harness::steps::{
+    STEP, in_a_task, node_failures, step, three_with_a_slow_node, within,
+};
 use redlock_harness::{Cluster, raw, resource, warm};
 use redlock_quorum::Redlock;
 
 const TTL: Duration = Duration::from_secs(10);
 /// The bound on any one step: a step that takes longer hung.
-const STEP: Duration = Duration::from_secs(20);
-
-async fn in_a_task(test: impl std::future::Future<Output = ()> + Send + 'static) {
-    if let Err(e) = tokio::spawn(test).await {
-        std::panic::resume_unwind(e.into_panic());
-    }
-}
-
-/// `future`, or a panic naming `what` when it takes longer than [`STEP`].
-async fn step<T>(what: &str, future: impl std::future::Future<Output = T>) -> T {
-    tokio::time::timeout(STEP, future)
-        .await
-        .unwrap_or_else(|_| panic!("{what}: hung (more than {STEP:?})"))
-}
-
-/// Whether `check` holds within `limit`, looked at every 20 ms without
-/// blocking the runtime's thread.
-async fn within(limit: Duration, check: impl Fn() -> bool) -> bool {
-    let deadline = Instant::now() + limit;
-    loop {
-        if check() {
-            return true;
-        }
-        if Instant::now() >= deadline {
-            return false;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
-fn failures(redlock: &Redlock) -> Vec<u64> {
-    redlock
-        .stats()
-        .node_failures
-        .iter()
-        .map(|(_, n)| *n)
-        .collect()
-}
-
-/// Three nodes, node 2 behind a proxy that delays its replies by
-/// `latency`, and a warm manager with `node_timeout` and no retries.
-async fn three_with_a_slow_node(
-    node_timeout: Duration,
-    latency: Duration,
-) -> (Cluster, Proxy, Redlock) {
-    let mut cluster = Cluster::start(3);
-    let proxy = Proxy::to_port(cluster.node(2).port()).await;
-    let mut urls = cluster.urls()[..2].to_vec();
-    urls.push(proxy.url());
-    let redlock = Redlock::builder(urls.iter().map(String::as_str))
-        .node_timeout(node_timeout)
-        .retry_count(0)
-        .build()
-        .unwrap();
-    warm(&redlock).await;
-    proxy.set(Fault::Latency(latency));
-    (cluster, proxy, redlock)
-}
-
 async fn three(node_timeout: Duration) -> (Cluster, Redlock) {
     let cluster = Cluster::start(3);
     let redlock = cluster
@@ -207,7 +151,7 @@ async fn an_extension_and_clones_on_other_tasks_right_after_the_grant() {
             let gone = within(Duration::from_secs(3), || cluster.nowhere(&name)).await;
             assert!(gone, "round {round}: {:?}", cluster.pttls(&name));
         }
-        assert_eq!(failures(&redlock), [0, 0, 0], "{:?}", redlock.stats());
+        assert_eq!(node_failures(&redlock), [0, 0, 0], "{:?}", redlock.stats());
     })
     .await;
 }
@@ -251,7 +195,7 @@ async fn a_thousand_locks_held_and_released_at_once() {
         );
         let left = cluster.left_of(&names);
         assert!(left.is_empty(), "{} keys left", left.len());
-        assert_eq!(failures(&redlock), [0, 0, 0], "{:?}", redlock.stats());
+        assert_eq!(node_failures(&redlock), [0, 0, 0], "{:?}", redlock.stats());
     })
     .await;
 }
@@ -276,7 +220,7 @@ async fn a_script_flush_while_held() {
             assert_eq!(released.ok(), Some(3), "round {round}");
             assert!(cluster.nowhere(&name), "round {round}");
         }
-        assert_eq!(failures(&redlock), [0, 0, 0], "{:?}", redlock.stats());
+        assert_eq!(node_failures(&redlock), [0, 0, 0], "{:?}", redlock.stats());
     })
     .await;
 }
@@ -329,7 +273,7 @@ async fn releases_cancelled_at_every_point_then_released_again() {
         })
         .await;
         assert!(gone, "keys left: {:?}", cluster.left_of(&names));
-        assert_eq!(failures(&redlock), [0, 0, 0], "{:?}", redlock.stats());
+        assert_eq!(node_failures(&redlock), [0, 0, 0], "{:?}", redlock.stats());
     })
     .await;
 }
@@ -356,7 +300,7 @@ async fn guards_right_after_the_grant() {
             let gone = within(Duration::from_secs(3), || cluster.nowhere(&name)).await;
             assert!(gone, "round {round}: {:?}", cluster.pttls(&name));
         }
-        assert_eq!(failures(&redlock), [0, 0, 0], "{:?}", redlock.stats());
+        assert_eq!(node_failures(&redlock), [0, 0, 0], "{:?}", redlock.stats());
     })
     .await;
 }
@@ -380,11 +324,11 @@ async fn held_locks_on_a_paused_node_count_each_timeout_once() {
         }
         tokio::time::sleep(Duration::from_millis(600)).await;
         drop(locks);
-        let counted = within(Duration::from_secs(5), || failures(&redlock)[2] >= 10).await;
+        let counted = within(Duration::from_secs(5), || node_failures(&redlock)[2] >= 10).await;
         tokio::time::sleep(Duration::from_millis(400)).await;
         cluster.node(2).resume();
         assert!(counted, "{:?}", redlock.stats());
-        assert_eq!(failures(&redlock), [0, 0, 10], "{:?}", redlock.stats());
+        assert_eq!(node_failures(&redlock), [0, 0, 10], "{:?}", redlock.stats());
     })
     .await;
 }
@@ -493,7 +437,7 @@ fn locks_dropped_elsewhere() {
         assert!(reached, "way {way}: node 2's SET never landed");
     }
     std::thread::sleep(Duration::from_millis(500));
-    assert_eq!(failures(&redlock), [0, 0, 0], "{:?}", redlock.stats());
+    assert_eq!(node_failures(&redlock), [0, 0, 0], "{:?}", redlock.stats());
     proxy.set(Fault::NONE);
 }
 

@@ -39,6 +39,7 @@ pub mod raw;
 pub mod runtimes;
 pub mod server;
 pub mod shards;
+pub mod steps;
 pub mod workload;
 
 pub use cluster::{
