@@ -19,29 +19,21 @@ mod heap;
 use std::time::{Duration, Instant};
 
 use redlock_harness::proxy::{Fault, Proxy};
+use redlock_harness::steps::node_failures;
 use redlock_harness::{Cluster, resource, warm};
 use redlock_quorum::Redlock;
 
 const TTL: Duration = Duration::from_secs(10);
 
-fn failures(redlock: &Redlock) -> Vec<u64> {
-    redlock
-        .stats()
-        .node_failures
-        .iter()
-        .map(|(_, n)| *n)
-        .collect()
-}
-
 /// Waits for the leftovers to count up to `want`, then a while more: a
 /// count past it (counted twice) or short of it fails.
 async fn failures_settle_at(redlock: &Redlock, want: &[u64]) {
     let deadline = Instant::now() + Duration::from_secs(15);
-    while failures(redlock).iter().zip(want).any(|(n, w)| n < w) && Instant::now() < deadline {
+    while node_failures(redlock).iter().zip(want).any(|(n, w)| n < w) && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     tokio::time::sleep(Duration::from_millis(600)).await;
-    assert_eq!(failures(redlock), want, "{:?}", redlock.stats());
+    assert_eq!(node_failures(redlock), want, "{:?}", redlock.stats());
 }
 
 /// Polls until none of `keys` is on any node (6 s at most); whether so.
@@ -76,7 +68,7 @@ async fn a_node_erroring_on_every_request_counts_once_per_request() {
         .build()
         .unwrap();
     warm(&redlock).await;
-    assert_eq!(failures(&redlock), [0, 0, 0]);
+    assert_eq!(node_failures(&redlock), [0, 0, 0]);
     proxy.set(Fault::Latency(Duration::from_millis(100)));
     let one = resource("wrong-type");
     let multi = [resource("wrong-type-a"), resource("wrong-type-b")];
@@ -125,7 +117,12 @@ async fn timeouts_count_once_and_a_hidden_restart_not_at_all() {
     let lock = redlock.try_lock(&resource("restarted"), TTL).await.unwrap();
     redlock.unlock(&lock).await.unwrap();
     tokio::time::sleep(Duration::from_millis(300)).await;
-    assert_eq!(failures(&redlock)[..2], [0, 0], "{:?}", redlock.stats());
+    assert_eq!(
+        node_failures(&redlock)[..2],
+        [0, 0],
+        "{:?}",
+        redlock.stats()
+    );
 }
 
 /// `stats(false)`: no failure counted, while the `metrics` feature still
@@ -177,7 +174,7 @@ fn stats_off_counts_nothing_but_metrics_see_each_failure_once() {
         }
     }
     assert_eq!(counted, [(node2, 3)]);
-    assert_eq!(failures(&redlock), [0, 0, 0]);
+    assert_eq!(node_failures(&redlock), [0, 0, 0]);
 }
 
 /// Attempts cancelled mid-round (nodes 1 and 2 answer a second late; our
